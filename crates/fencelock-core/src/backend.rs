@@ -1,0 +1,335 @@
+//! The trait every backend implements, and the values that cross it.
+
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use crate::backoff::Backoff;
+use crate::capabilities::Capabilities;
+use crate::error::{Error, Result};
+use crate::key::{Key, Owner};
+use crate::mode::Mode;
+use crate::token::FencingToken;
+
+/// One request to acquire a lock.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Request {
+    /// The lock.
+    pub key: Key,
+    /// Who asks.
+    pub owner: Owner,
+    /// Exclusive, shared or semaphore.
+    pub mode: Mode,
+    /// How long the hold lasts unless renewed.
+    pub ttl: Duration,
+}
+
+impl Request {
+    /// A request; `mode` and `ttl` are validated by the [`Locker`](crate::Locker)
+    /// before a backend sees them.
+    pub fn new(key: Key, owner: Owner, mode: Mode, ttl: Duration) -> Self {
+        Request {
+            key,
+            owner,
+            mode,
+            ttl,
+        }
+    }
+}
+
+/// What a backend hands back when it grants a lock.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Grant {
+    /// The fencing token; `None` when the backend cannot guarantee one.
+    pub token: Option<FencingToken>,
+    /// The TTL the backend granted (may differ from the request, for example a
+    /// ZooKeeper session timeout).
+    pub ttl: Duration,
+    /// The owner's hold count after this grant (1 unless reentrant).
+    pub holds: u32,
+    /// When the request that won was sent; the lease's validity counts from here.
+    pub requested_at: Instant,
+    /// Backend-private data identifying the hold (a ZooKeeper node path, an etcd
+    /// key); empty when the key and owner suffice.
+    pub handle: String,
+}
+
+impl Grant {
+    /// A grant with an empty handle.
+    pub fn new(
+        token: Option<FencingToken>,
+        ttl: Duration,
+        holds: u32,
+        requested_at: Instant,
+    ) -> Self {
+        Grant {
+            token,
+            ttl,
+            holds,
+            requested_at,
+            handle: String::new(),
+        }
+    }
+
+    /// Sets the backend-private handle.
+    pub fn with_handle(mut self, handle: impl Into<String>) -> Self {
+        self.handle = handle.into();
+        self
+    }
+}
+
+/// Identifies one live hold, for renew and release.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct LeaseRef {
+    /// The lock.
+    pub key: Key,
+    /// The holder.
+    pub owner: Owner,
+    /// The mode it holds in.
+    pub mode: Mode,
+    /// The TTL to renew to.
+    pub ttl: Duration,
+    /// The token of the grant.
+    pub token: Option<FencingToken>,
+    /// The grant's [`Grant::handle`].
+    pub handle: String,
+}
+
+impl LeaseRef {
+    /// The lease that `grant` created for `req`.
+    pub fn new(req: &Request, grant: &Grant) -> Self {
+        LeaseRef {
+            key: req.key.clone(),
+            owner: req.owner.clone(),
+            mode: req.mode,
+            ttl: grant.ttl,
+            token: grant.token,
+            handle: grant.handle.clone(),
+        }
+    }
+}
+
+/// The outcome of renewing one lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Renewal {
+    /// Still held; valid for `ttl` from the start of the renew call.
+    Held {
+        /// The TTL now granted.
+        ttl: Duration,
+    },
+    /// No longer held by this owner (expired, deleted, taken over).
+    Lost {
+        /// Why, in the backend's words.
+        reason: String,
+    },
+}
+
+/// The outcome of a successful release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Released {
+    /// Holds the owner still has (reentrant acquisitions); 0 when the owner let go.
+    pub remaining: u32,
+}
+
+impl Released {
+    /// A release that left `remaining` holds.
+    pub const fn new(remaining: u32) -> Self {
+        Released { remaining }
+    }
+}
+
+/// One holder of a lock, as [`Backend::inspect`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HolderInfo {
+    /// Who holds it.
+    pub owner: String,
+    /// In which mode.
+    pub mode: Mode,
+    /// The hold count (reentrancy).
+    pub holds: u32,
+    /// The fencing token of the hold.
+    pub token: Option<FencingToken>,
+    /// Time left before the hold expires if not renewed (`None`: no TTL).
+    pub expires_in: Option<Duration>,
+}
+
+impl HolderInfo {
+    /// A holder row.
+    pub fn new(
+        owner: impl Into<String>,
+        mode: Mode,
+        holds: u32,
+        token: Option<FencingToken>,
+        expires_in: Option<Duration>,
+    ) -> Self {
+        HolderInfo {
+            owner: owner.into(),
+            mode,
+            holds,
+            token,
+            expires_in,
+        }
+    }
+}
+
+/// Who holds a key right now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockInfo {
+    /// The lock.
+    pub key: String,
+    /// Current holders (empty when free).
+    pub holders: Vec<HolderInfo>,
+    /// The last token handed out for this key, if the backend keeps one.
+    pub last_token: Option<FencingToken>,
+}
+
+impl LockInfo {
+    /// A report for `key`.
+    pub fn new(
+        key: impl Into<String>,
+        holders: Vec<HolderInfo>,
+        last_token: Option<FencingToken>,
+    ) -> Self {
+        LockInfo {
+            key: key.into(),
+            holders,
+            last_token,
+        }
+    }
+}
+
+/// A lock backend: the small set of operations every algorithm of fencelock is
+/// built from. The user-facing API ([`Locker`](crate::Locker), [`Guard`](crate::Guard),
+/// the watchdog) lives once, in core, on top of this trait.
+///
+/// Implementations keep the contract of DESIGN §2: grants carry strictly
+/// increasing tokens where [`Capabilities::fencing`] says so; renew never brings
+/// back a lease that expired; release never touches another owner's hold.
+///
+/// # Examples
+///
+/// Using a backend directly (most code uses a [`Locker`](crate::Locker) instead):
+///
+/// ```
+/// use std::time::Duration;
+/// use fencelock_core::{Backend, Key, MemoryBackend, Mode, Owner, Request};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> fencelock_core::Result<()> {
+/// let backend = MemoryBackend::new();
+/// let req = Request::new(Key::new("k")?, Owner::new("me")?, Mode::Exclusive, Duration::from_secs(5));
+/// let grant = backend.try_acquire(&req).await?.expect("free");
+/// assert_eq!(grant.holds, 1);
+/// # Ok(()) }
+/// ```
+#[async_trait]
+pub trait Backend: Send + Sync + 'static {
+    /// A short name: `memory`, `sqlite`, `redis`, …
+    fn name(&self) -> &'static str;
+
+    /// What this backend can do.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Where it talks to, for messages (passwords redacted).
+    fn address(&self) -> String {
+        self.name().to_string()
+    }
+
+    /// One attempt: grant the lock now or return `None` if it is busy.
+    ///
+    /// The same owner asking again in the same mode is reentrant where
+    /// [`Capabilities::reentrant`] holds: the hold count rises and the token stays.
+    async fn try_acquire(&self, req: &Request) -> Result<Option<Grant>>;
+
+    /// Renews many leases in one round trip (the watchdog's batch). Returns one
+    /// [`Renewal`] per lease, in order. A lease that is no longer held is
+    /// [`Renewal::Lost`]; it is never re-created.
+    ///
+    /// # Errors
+    ///
+    /// An error means nothing is known about any lease (connection trouble); the
+    /// watchdog retries until the leases' local deadlines pass.
+    async fn renew(&self, leases: &[LeaseRef]) -> Result<Vec<Renewal>>;
+
+    /// Gives one hold back.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`] if the owner does not hold the key (then nothing changed).
+    async fn release(&self, lease: &LeaseRef) -> Result<Released>;
+
+    /// Acquires, waiting until `deadline` (`None`: forever). Returns `None` when
+    /// the deadline passed first.
+    ///
+    /// The provided loop calls [`Backend::try_acquire`], then
+    /// [`Backend::wait_change`], until granted or the deadline passes.
+    /// Queue-based backends (ZooKeeper, etcd) override it and keep their queue node.
+    ///
+    /// # Cancel safety
+    ///
+    /// The provided loop is cancel safe between attempts; an override must make
+    /// sure a cancelled acquire leaves no hold or queue entry behind.
+    async fn acquire(&self, req: &Request, deadline: Option<Instant>) -> Result<Option<Grant>> {
+        let mut backoff = Backoff::default();
+        loop {
+            if let Some(grant) = self.try_acquire(req).await? {
+                return Ok(Some(grant));
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(None);
+            }
+            self.wait_change(&req.key, &mut backoff, deadline).await?;
+        }
+    }
+
+    /// Waits until `key` may have changed or `deadline` passes. The provided
+    /// version sleeps with `backoff` (jittered exponential); backends with a
+    /// notification (pub/sub, watches, LISTEN) override it and still return after
+    /// a bounded time, so a lost notification costs a delay, never a hang.
+    async fn wait_change(
+        &self,
+        key: &Key,
+        backoff: &mut Backoff,
+        deadline: Option<Instant>,
+    ) -> Result<()> {
+        let _ = key;
+        backoff.sleep(deadline, None).await;
+        Ok(())
+    }
+
+    /// Who holds `key` now; `None` if the backend has never seen it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] unless [`Capabilities::inspect`].
+    async fn inspect(&self, key: &Key) -> Result<Option<LockInfo>> {
+        let _ = key;
+        Err(Error::unsupported(self.name(), "inspecting locks"))
+    }
+
+    /// Every key starting with `prefix` that has holders.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] unless [`Capabilities::inspect`].
+    async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
+        let _ = prefix;
+        Err(Error::unsupported(self.name(), "listing locks"))
+    }
+}
+
+/// Milliseconds since the Unix epoch by the local wall clock (for backends that
+/// store expiry times).
+pub fn unix_millis(t: SystemTime) -> i64 {
+    match t.duration_since(SystemTime::UNIX_EPOCH) {
+        Ok(d) => d.as_millis() as i64,
+        Err(e) => -(e.duration().as_millis() as i64),
+    }
+}

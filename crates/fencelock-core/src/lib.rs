@@ -1,0 +1,64 @@
+//! The core of fencelock: the lock API, the backend trait, the watchdog, the
+//! in-memory backend and the history checker.
+//!
+//! Most users depend on the `fencelock` facade crate, which re-exports all of
+//! this and adds `Locker::connect(url)` for every backend compiled in. Backend
+//! crates depend on this crate only.
+//!
+//! # The contract
+//!
+//! - [`Key`]s are validated before any I/O; an [`Owner`] acquiring the same key
+//!   again in the same [`Mode`] is reentrant.
+//! - Every hold has a TTL; the [`Locker`]'s watchdog renews live guards at ttl/3
+//!   with one batched call per tick. A [`Guard`] knows a conservative local
+//!   deadline and fires [`Guard::lost`] when renewal fails or the deadline passes.
+//! - Grants carry a [`FencingToken`] that strictly increases per key, where the
+//!   backend's [`Capabilities::fencing`] says so.
+//! - Only the owner's release counts: anything else is [`Error::NotHeld`].
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use fencelock_core::{Locker, MemoryBackend};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> fencelock_core::Result<()> {
+//! let locker = Locker::new(MemoryBackend::new());
+//! let guard = locker.lock("orders/42").ttl(Duration::from_secs(30)).wait(Duration::from_secs(5)).acquire().await?;
+//! println!("fenced write with token {:?}", guard.token());
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs)]
+
+mod admission;
+mod backend;
+mod backoff;
+mod capabilities;
+mod error;
+mod guard;
+mod history;
+mod key;
+mod locker;
+mod memory;
+mod mode;
+mod multi;
+mod token;
+mod watchdog;
+
+pub use admission::{Admission, admit};
+pub use async_trait::async_trait;
+pub use backend::{
+    Backend, Grant, HolderInfo, LeaseRef, LockInfo, Released, Renewal, Request, unix_millis,
+};
+pub use backoff::Backoff;
+pub use capabilities::Capabilities;
+pub use error::{Error, Result, redact_url};
+pub use guard::{Guard, Lease, LostReason, drift_allowance};
+pub use history::{HistorySummary, Hold, Violation, check_history};
+pub use key::{Key, MAX_KEY_BYTES, Owner};
+pub use locker::{DEFAULT_TTL, LockBuilder, Locker, MIN_TTL};
+pub use memory::MemoryBackend;
+pub use mode::Mode;
+pub use multi::{MultiGuard, MultiLockBuilder};
+pub use token::FencingToken;

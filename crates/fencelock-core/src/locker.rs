@@ -1,0 +1,523 @@
+//! [`Locker`], the entry point, and [`LockBuilder`], the one way to ask for a lock.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::backend::{Backend, Grant, LeaseRef, LockInfo, Request};
+use crate::capabilities::Capabilities;
+use crate::error::{Error, Result};
+use crate::guard::{Guard, Lease, LeaseState, LostReason, validity_deadline};
+use crate::key::{Key, Owner};
+use crate::mode::Mode;
+use crate::multi::MultiLockBuilder;
+use crate::watchdog::{self, Command, Registration};
+
+/// The TTL of a hold unless the builder says otherwise (Redisson's 30 s).
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+
+/// The shortest TTL accepted: shorter leases cannot be renewed in time.
+pub const MIN_TTL: Duration = Duration::from_millis(10);
+
+/// State shared by a [`Locker`], its clones and its guards.
+pub(crate) struct Shared {
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) commands: mpsc::UnboundedSender<Command>,
+    /// The watchdog's receiver until the watchdog task is started.
+    worker: Mutex<Option<mpsc::UnboundedReceiver<Command>>>,
+    id: String,
+    next_id: AtomicU64,
+    default_ttl: Duration,
+}
+
+impl Shared {
+    /// Starts the watchdog task on the current runtime if it is not running yet.
+    pub(crate) fn ensure_worker(&self) {
+        let mut slot = self.worker.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            return;
+        }
+        if let Ok(handle) = tokio::runtime::Handle::try_current()
+            && let Some(rx) = slot.take()
+        {
+            handle.spawn(watchdog::run(self.backend.clone(), rx));
+        }
+    }
+
+    fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// A client of one backend: the entry point of fencelock.
+///
+/// Cheap to clone (all clones share one connection and one watchdog task). Every
+/// guard gets its own owner id (`<locker id>:<n>`) unless the builder sets one.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use fencelock_core::{Locker, MemoryBackend};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> fencelock_core::Result<()> {
+/// let locker = Locker::new(MemoryBackend::new());
+///
+/// // Exclusive, renewed by the watchdog while the guard lives.
+/// let guard = locker.lock("orders/42").wait(Duration::from_secs(5)).acquire().await?;
+/// guard.release().await?;
+///
+/// // Readers share; a semaphore admits N holders.
+/// let r1 = locker.read_lock("catalog").acquire().await?;
+/// let r2 = locker.read_lock("catalog").acquire().await?;
+/// let p = locker.semaphore("gpu", 2).acquire().await?;
+///
+/// // Run a closure under the lock; it is cancelled if the lease is lost.
+/// let n = locker.lock("report").run(|lease| async move { lease.token().map(|t| t.get()) }).await?;
+/// assert!(n.is_some());
+/// # drop((r1, r2, p)); Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Locker {
+    shared: Arc<Shared>,
+}
+
+impl Locker {
+    /// A locker on `backend`.
+    pub fn new(backend: impl Backend) -> Self {
+        Locker::from_arc(Arc::new(backend))
+    }
+
+    /// A locker on a shared backend.
+    pub fn from_arc(backend: Arc<dyn Backend>) -> Self {
+        Locker::with_options(backend, DEFAULT_TTL)
+    }
+
+    /// A locker whose holds last `default_ttl` unless a builder says otherwise.
+    ///
+    /// # Panics
+    ///
+    /// If `default_ttl` is below [`MIN_TTL`] (a programming error).
+    pub fn with_options(backend: Arc<dyn Backend>, default_ttl: Duration) -> Self {
+        assert!(default_ttl >= MIN_TTL, "default ttl below {MIN_TTL:?}");
+        let (tx, rx) = mpsc::unbounded_channel();
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        Locker {
+            shared: Arc::new(Shared {
+                backend,
+                commands: tx,
+                worker: Mutex::new(Some(rx)),
+                id,
+                next_id: AtomicU64::new(1),
+                default_ttl,
+            }),
+        }
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.shared.backend
+    }
+
+    /// What the backend can do.
+    pub fn capabilities(&self) -> Capabilities {
+        self.shared.backend.capabilities()
+    }
+
+    /// This locker's random id, the prefix of its default owners.
+    pub fn id(&self) -> &str {
+        &self.shared.id
+    }
+
+    /// The default TTL of this locker's holds.
+    pub fn default_ttl(&self) -> Duration {
+        self.shared.default_ttl
+    }
+
+    /// Asks for an exclusive lock on `key`. The key is validated when the builder
+    /// runs, before any I/O.
+    pub fn lock(&self, key: impl AsRef<str>) -> LockBuilder {
+        LockBuilder::new(self.clone(), key.as_ref(), Mode::Exclusive)
+    }
+
+    /// Asks for a shared (read) lock on `key`.
+    pub fn read_lock(&self, key: impl AsRef<str>) -> LockBuilder {
+        LockBuilder::new(self.clone(), key.as_ref(), Mode::Shared)
+    }
+
+    /// Asks for one of `permits` permits of the semaphore `key`.
+    pub fn semaphore(&self, key: impl AsRef<str>, permits: u32) -> LockBuilder {
+        LockBuilder::new(self.clone(), key.as_ref(), Mode::Semaphore { permits })
+    }
+
+    /// Asks for exclusive locks on several keys, all or nothing.
+    pub fn multi_lock<I, K>(&self, keys: I) -> MultiLockBuilder
+    where
+        I: IntoIterator<Item = K>,
+        K: AsRef<str>,
+    {
+        MultiLockBuilder::new(self.clone(), keys)
+    }
+
+    /// Who holds `key` now.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidKey`]; [`Error::Unsupported`] if the backend cannot inspect.
+    pub async fn inspect(&self, key: impl AsRef<str>) -> Result<Option<LockInfo>> {
+        let key = Key::new(key)?;
+        self.shared.backend.inspect(&key).await
+    }
+
+    /// Every held key that starts with `prefix`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] if the backend cannot list.
+    pub async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
+        self.shared.backend.list(prefix).await
+    }
+
+    fn default_owner(&self) -> Owner {
+        let n = self.shared.next_id();
+        Owner::trusted(format!("{}:{n}", self.shared.id))
+    }
+
+    /// Builds the guard for a grant: computes its validity and registers it with
+    /// the watchdog unless the lease is fixed.
+    pub(crate) fn guard_for(&self, req: &Request, grant: Grant, opts: &LockOptions) -> Guard {
+        let lease_ref = LeaseRef::new(req, &grant);
+        let state = Arc::new(watch::Sender::new(LeaseState {
+            deadline: validity_deadline(grant.requested_at, grant.ttl),
+            lost: None,
+            on_expiry: LostReason::Expired,
+        }));
+        let watchdog_id = if opts.renew {
+            self.shared.ensure_worker();
+            let id = self.shared.next_id();
+            let _ = self.shared.commands.send(Command::Register(Registration {
+                id,
+                lease: lease_ref.clone(),
+                state: state.clone(),
+                next_renew: grant.requested_at + grant.ttl / 3,
+                stop_at: opts.max_hold.map(|m| grant.requested_at + m),
+            }));
+            Some(id)
+        } else {
+            self.shared.ensure_worker();
+            None
+        };
+        Guard::new(
+            self.shared.clone(),
+            lease_ref,
+            state,
+            grant.holds,
+            watchdog_id,
+        )
+    }
+}
+
+impl fmt::Debug for Locker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Locker")
+            .field("backend", &self.shared.backend.name())
+            .field("address", &self.shared.backend.address())
+            .field("id", &self.shared.id)
+            .finish()
+    }
+}
+
+/// How long to wait for a busy lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wait {
+    Forever,
+    For(Duration),
+}
+
+/// The options shared by [`LockBuilder`] and [`MultiLockBuilder`].
+#[derive(Debug, Clone)]
+pub(crate) struct LockOptions {
+    pub(crate) mode: Mode,
+    pub(crate) ttl: Option<Duration>,
+    pub(crate) renew: bool,
+    pub(crate) wait: Wait,
+    pub(crate) owner: Option<String>,
+    pub(crate) max_hold: Option<Duration>,
+}
+
+impl LockOptions {
+    pub(crate) fn new(mode: Mode) -> Self {
+        LockOptions {
+            mode,
+            ttl: None,
+            renew: true,
+            wait: Wait::Forever,
+            owner: None,
+            max_hold: None,
+        }
+    }
+
+    /// Validates everything but the key and builds the request for `key`.
+    pub(crate) fn request(&self, locker: &Locker, key: Key) -> Result<Request> {
+        let ttl = self.ttl.unwrap_or(locker.shared.default_ttl);
+        if ttl < MIN_TTL {
+            return Err(Error::config(format!(
+                "ttl {ttl:?} is too short; use at least {MIN_TTL:?} (a few seconds is typical)"
+            )));
+        }
+        if self.max_hold == Some(Duration::ZERO) {
+            return Err(Error::config("max_hold must be positive"));
+        }
+        self.mode.validate()?;
+        let owner = match &self.owner {
+            Some(o) => Owner::new(o)?,
+            None => locker.default_owner(),
+        };
+        let caps = locker.capabilities();
+        if !caps.supports(self.mode) {
+            return Err(Error::unsupported(
+                locker.shared.backend.name(),
+                format!("{} locks", self.mode),
+            ));
+        }
+        Ok(Request::new(key, owner, self.mode, ttl))
+    }
+
+    pub(crate) fn deadline(&self, start: Instant) -> Option<Instant> {
+        match self.wait {
+            Wait::Forever => None,
+            Wait::For(d) => Some(start + d),
+        }
+    }
+}
+
+/// Generates the option setters shared by the single and the multi-key builder.
+macro_rules! option_setters {
+    () => {
+        /// The TTL of the hold; the watchdog renews it at ttl/3 while the guard
+        /// lives. Default: the locker's (30 s).
+        pub fn ttl(mut self, ttl: std::time::Duration) -> Self {
+            self.opts.ttl = Some(ttl);
+            self.opts.renew = true;
+            self
+        }
+
+        /// A fixed lease of `ttl` with no renewal: the hold ends after `ttl` even
+        /// if the guard still lives (then `lost()` fires).
+        pub fn lease(mut self, ttl: std::time::Duration) -> Self {
+            self.opts.ttl = Some(ttl);
+            self.opts.renew = false;
+            self
+        }
+
+        /// Waits up to `wait` for a busy lock, then fails with
+        /// [`Error::Timeout`](crate::Error::Timeout). `Duration::ZERO` tries once.
+        pub fn wait(mut self, wait: std::time::Duration) -> Self {
+            self.opts.wait = crate::locker::Wait::For(wait);
+            self
+        }
+
+        /// Waits as long as it takes (the default).
+        pub fn wait_forever(mut self) -> Self {
+            self.opts.wait = crate::locker::Wait::Forever;
+            self
+        }
+
+        /// Holds as `owner`. The same owner acquiring the same key again is
+        /// reentrant (hold count + 1, same token) and must release as often.
+        pub fn owner(mut self, owner: impl Into<String>) -> Self {
+            self.opts.owner = Some(owner.into());
+            self
+        }
+
+        /// Stops renewing after `max_hold`; the hold then expires at its TTL and
+        /// `lost()` fires with [`LostReason::MaxHold`](crate::LostReason::MaxHold).
+        pub fn max_hold(mut self, max_hold: std::time::Duration) -> Self {
+            self.opts.max_hold = Some(max_hold);
+            self
+        }
+    };
+}
+pub(crate) use option_setters;
+
+/// Builds one lock request. Get one from [`Locker::lock`], [`Locker::read_lock`]
+/// or [`Locker::semaphore`]; finish with [`acquire`](LockBuilder::acquire),
+/// [`try_acquire`](LockBuilder::try_acquire) or [`run`](LockBuilder::run).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use fencelock_core::{Error, Locker, MemoryBackend};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> fencelock_core::Result<()> {
+/// let locker = Locker::new(MemoryBackend::new());
+/// let held = locker.lock("k").ttl(Duration::from_secs(10)).acquire().await?;
+///
+/// // Try once: `None` when busy.
+/// assert!(locker.lock("k").try_acquire().await?.is_none());
+/// // Wait a bounded time: `Error::Timeout` when still busy.
+/// let err = locker.lock("k").wait(Duration::from_millis(20)).acquire().await.unwrap_err();
+/// assert!(matches!(err, Error::Timeout { .. }));
+/// // Reentrant with an explicit owner.
+/// let a = locker.lock("r").owner("me").acquire().await?;
+/// let b = locker.lock("r").owner("me").acquire().await?;
+/// assert_eq!((a.token(), b.holds()), (b.token(), 2));
+/// # drop((held, a, b)); Ok(()) }
+/// ```
+#[must_use = "a lock builder does nothing until acquire(), try_acquire() or run() is awaited"]
+#[derive(Debug)]
+pub struct LockBuilder {
+    locker: Locker,
+    key: Result<Key>,
+    opts: LockOptions,
+}
+
+impl LockBuilder {
+    fn new(locker: Locker, key: &str, mode: Mode) -> Self {
+        LockBuilder {
+            locker,
+            key: Key::new(key),
+            opts: LockOptions::new(mode),
+        }
+    }
+
+    option_setters!();
+
+    fn request(&self) -> Result<Request> {
+        let key = self.key.clone()?;
+        self.opts.request(&self.locker, key)
+    }
+
+    /// Acquires the lock, waiting as configured (forever by default).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidKey`] / [`Error::InvalidConfig`] before any I/O;
+    /// [`Error::Unsupported`] for a mode the backend lacks; [`Error::Timeout`] when
+    /// the wait ran out; connection and backend errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancelling while waiting leaves nothing behind. Cancelling while a grant is
+    /// in flight can leave a hold that nobody renews; it expires after its TTL.
+    pub async fn acquire(self) -> Result<Guard> {
+        let req = self.request()?;
+        acquire_one(&self.locker, &req, &self.opts).await
+    }
+
+    /// One attempt: `Ok(None)` if the lock is busy.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockBuilder::acquire`], without [`Error::Timeout`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockBuilder::acquire`].
+    pub async fn try_acquire(self) -> Result<Option<Guard>> {
+        let req = self.request()?;
+        let backend = &self.locker.shared.backend;
+        let span = acquire_span(backend.as_ref(), &req);
+        let grant = backend.try_acquire(&req).instrument(span).await?;
+        Ok(grant.map(|g| {
+            log_grant(&req, &g, Duration::ZERO);
+            self.locker.guard_for(&req, g, &self.opts)
+        }))
+    }
+
+    /// Acquires, runs `f` with the hold's [`Lease`], and releases.
+    ///
+    /// If the lease is lost while `f` runs, `f`'s future is dropped (cancelled)
+    /// and the result is [`Error::Lost`].
+    ///
+    /// # Errors
+    ///
+    /// As [`LockBuilder::acquire`], plus [`Error::Lost`]. An error of the final
+    /// release is returned only if `f` completed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancelling drops `f`'s future and the guard (which queues a release).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use fencelock_core::{Locker, MemoryBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> fencelock_core::Result<()> {
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// let sum = locker.lock("sum").run(|_lease| async { 1 + 1 }).await?;
+    /// assert_eq!(sum, 2);
+    /// # Ok(()) }
+    /// ```
+    pub async fn run<F, Fut, T>(self, f: F) -> Result<T>
+    where
+        F: FnOnce(Lease) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let guard = self.acquire().await?;
+        let lease = guard.lease();
+        let outcome = tokio::select! {
+            err = lease.lost() => Err(err),
+            v = f(lease.clone()) => Ok(v),
+        };
+        match outcome {
+            Ok(v) => {
+                guard.release().await?;
+                Ok(v)
+            }
+            Err(e) => {
+                drop(guard);
+                Err(e)
+            }
+        }
+    }
+}
+
+pub(crate) fn acquire_span(backend: &dyn Backend, req: &Request) -> tracing::Span {
+    tracing::debug_span!(
+        "fencelock.acquire",
+        key = %req.key,
+        backend = backend.name(),
+        mode = %req.mode,
+    )
+}
+
+pub(crate) fn log_grant(req: &Request, grant: &Grant, waited: Duration) {
+    tracing::debug!(
+        key = %req.key,
+        owner = %req.owner,
+        token = grant.token.map(|t| t.get()),
+        holds = grant.holds,
+        wait_ms = waited.as_millis() as u64,
+        "acquired"
+    );
+}
+
+/// Acquires one validated request with the wait of `opts`.
+pub(crate) async fn acquire_one(
+    locker: &Locker,
+    req: &Request,
+    opts: &LockOptions,
+) -> Result<Guard> {
+    let start = Instant::now();
+    let deadline = opts.deadline(start);
+    let backend = &locker.shared.backend;
+    let span = acquire_span(backend.as_ref(), req);
+    match backend.acquire(req, deadline).instrument(span).await? {
+        Some(grant) => {
+            log_grant(req, &grant, start.elapsed());
+            Ok(locker.guard_for(req, grant, opts))
+        }
+        None => Err(Error::Timeout {
+            key: req.key.to_string(),
+            waited: start.elapsed(),
+        }),
+    }
+}

@@ -1,0 +1,162 @@
+//! Throw-away server processes on free loopback ports, and signals for fault tests.
+
+use std::io;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+/// A free TCP port on 127.0.0.1 (bound, then released, so a race is possible
+/// but rare; the server start fails loudly if it happens).
+///
+/// # Panics
+///
+/// If no port can be bound on loopback at all.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("cannot bind a loopback port: {e}"))
+}
+
+/// Waits until something accepts TCP connections on `addr`.
+///
+/// # Errors
+///
+/// [`io::ErrorKind::TimedOut`] after `timeout`.
+pub fn wait_for_port(addr: SocketAddr, timeout: Duration) -> io::Result<()> {
+    let start = Instant::now();
+    loop {
+        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            return Ok(());
+        }
+        if start.elapsed() > timeout {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("nothing listens on {addr} after {timeout:?}"),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Sends `signal` to process `pid`.
+///
+/// # Errors
+///
+/// If the process does not exist or may not be signalled.
+pub fn send_signal(pid: u32, signal: Signal) -> io::Result<()> {
+    let pid = i32::try_from(pid).map_err(|_| io::Error::other("pid out of range"))?;
+    kill(Pid::from_raw(pid), signal).map_err(io::Error::from)
+}
+
+/// A server process the test owns: started on a port, killed on drop.
+pub struct ServerProcess {
+    name: String,
+    child: Option<Child>,
+    port: u16,
+}
+
+impl ServerProcess {
+    /// Starts `cmd` (which must listen on 127.0.0.1:`port`) and waits until the
+    /// port answers.
+    ///
+    /// # Errors
+    ///
+    /// If the program cannot be started, exits early, or never listens.
+    pub fn spawn(
+        name: &str,
+        mut cmd: Command,
+        port: u16,
+        timeout: Duration,
+    ) -> io::Result<ServerProcess> {
+        let child = cmd
+            .spawn()
+            .map_err(|e| io::Error::new(e.kind(), format!("cannot start {name} ({cmd:?}): {e}")))?;
+        let mut server = ServerProcess {
+            name: name.to_string(),
+            child: Some(child),
+            port,
+        };
+        let addr = server.addr();
+        let start = Instant::now();
+        loop {
+            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+                return Ok(server);
+            }
+            if let Some(child) = server.child.as_mut()
+                && let Some(status) = child.try_wait()?
+            {
+                return Err(io::Error::other(format!(
+                    "{name} exited early with {status}"
+                )));
+            }
+            if start.elapsed() > timeout {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("{name} did not listen on {addr} within {timeout:?}"),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `127.0.0.1:port`.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// The process id (`None` once killed).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// SIGKILLs the server and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGSTOPs the server (it keeps its sockets but answers nothing).
+    ///
+    /// # Errors
+    ///
+    /// If it is not running.
+    pub fn pause(&self) -> io::Result<()> {
+        self.signal(Signal::SIGSTOP)
+    }
+
+    /// SIGCONTs a paused server.
+    ///
+    /// # Errors
+    ///
+    /// If it is not running.
+    pub fn resume(&self) -> io::Result<()> {
+        self.signal(Signal::SIGCONT)
+    }
+
+    fn signal(&self, signal: Signal) -> io::Result<()> {
+        match self.pid() {
+            Some(pid) => send_signal(pid, signal),
+            None => Err(io::Error::other(format!("{} is not running", self.name))),
+        }
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        if let Some(pid) = self.pid() {
+            let _ = send_signal(pid, Signal::SIGCONT);
+        }
+        self.kill();
+    }
+}
