@@ -1,0 +1,352 @@
+//! The SQL of the SQLite backend. Every function runs on a blocking thread and
+//! every change is one `BEGIN IMMEDIATE` transaction.
+
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use fencelock_core::{
+    Admission, Error, FencingToken, HolderInfo, Key, LeaseRef, LockInfo, Mode, Released, Renewal,
+    Request, Result, admit, unix_millis,
+};
+use rusqlite::{
+    Connection, OpenFlags, OptionalExtension, Transaction, TransactionBehavior, params,
+};
+
+use crate::NAME;
+use crate::options::{SqliteOptions, Synchronous};
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS fencelock_locks (
+    key   TEXT PRIMARY KEY NOT NULL,
+    fence INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS fencelock_holders (
+    key         TEXT NOT NULL,
+    owner       TEXT NOT NULL,
+    mode        TEXT NOT NULL,
+    holds       INTEGER NOT NULL,
+    token       INTEGER NOT NULL,
+    expires_at  INTEGER NOT NULL,
+    acquired_at INTEGER NOT NULL,
+    PRIMARY KEY (key, owner)
+) WITHOUT ROWID;
+";
+
+fn db_err(e: rusqlite::Error) -> Error {
+    match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
+            Error::backend(
+                NAME,
+                format!(
+                    "{e}: another process kept the lock file busy longer than busy_timeout; raise ?busy_timeout="
+                ),
+            )
+        }
+        _ => Error::backend(NAME, e),
+    }
+}
+
+fn now_ms() -> i64 {
+    unix_millis(SystemTime::now())
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+pub(crate) fn open(path: &Path, options: &SqliteOptions) -> Result<Connection> {
+    let addr = format!("sqlite://{}", path.display());
+    let conn_err = |e: rusqlite::Error| Error::connection(NAME, &addr, e);
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(conn_err)?;
+    conn.busy_timeout(options.busy_timeout).map_err(conn_err)?;
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+        .map_err(conn_err)?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(Error::connection(
+            NAME,
+            &addr,
+            format!(
+                "cannot switch the lock file to WAL mode (got {mode}); is it on a network filesystem?"
+            ),
+        ));
+    }
+    let sync = match options.synchronous {
+        Synchronous::Normal => "NORMAL",
+        Synchronous::Full => "FULL",
+    };
+    conn.execute_batch(&format!("PRAGMA synchronous={sync};"))
+        .map_err(conn_err)?;
+    let mut conn = conn;
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(conn_err)?;
+    tx.execute_batch(SCHEMA).map_err(conn_err)?;
+    tx.commit().map_err(conn_err)?;
+    Ok(conn)
+}
+
+fn immediate(conn: &mut Connection) -> Result<Transaction<'_>> {
+    conn.transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(db_err)
+}
+
+struct Row {
+    owner: String,
+    mode: Mode,
+    holds: u32,
+    token: u64,
+    expires_at: i64,
+}
+
+/// Unexpired holders of `key` at `now`.
+fn holders(conn: &Connection, key: &str, now: i64) -> Result<Vec<Row>> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT owner, mode, holds, token, expires_at FROM fencelock_holders
+             WHERE key = ?1 AND expires_at > ?2 ORDER BY acquired_at",
+        )
+        .map_err(db_err)?;
+    let rows = stmt
+        .query_map(params![key, now], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+                r.get::<_, i64>(3)?,
+                r.get::<_, i64>(4)?,
+            ))
+        })
+        .map_err(db_err)?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (owner, mode, holds, token, expires_at) = row.map_err(db_err)?;
+        out.push(Row {
+            owner,
+            mode: Mode::parse(&mode)
+                .map_err(|e| Error::backend(NAME, format!("corrupt holder row: {e}")))?,
+            holds: u32::try_from(holds).unwrap_or(u32::MAX),
+            token: u64::try_from(token).unwrap_or(0),
+            expires_at,
+        });
+    }
+    Ok(out)
+}
+
+fn purge(tx: &Transaction<'_>, key: &str, now: i64) -> Result<()> {
+    tx.prepare_cached("DELETE FROM fencelock_holders WHERE key = ?1 AND expires_at <= ?2")
+        .and_then(|mut s| s.execute(params![key, now]))
+        .map_err(db_err)?;
+    Ok(())
+}
+
+/// Grants `req` if it is admitted; returns the token and the owner's hold count.
+pub(crate) fn try_acquire(
+    conn: &mut Connection,
+    req: &Request,
+) -> Result<Option<(FencingToken, u32)>> {
+    let tx = immediate(conn)?;
+    let now = now_ms();
+    let key = req.key.as_str();
+    purge(&tx, key, now)?;
+    let rows = holders(&tx, key, now)?;
+    let admission = admit(
+        key,
+        rows.iter().map(|r| (r.owner.as_str(), r.mode)),
+        req.owner.as_str(),
+        req.mode,
+    )?;
+    let expires_at = now.saturating_add(ms(req.ttl));
+    let granted = match admission {
+        Admission::Reenter { index } => {
+            let row = &rows[index];
+            tx.prepare_cached(
+                "UPDATE fencelock_holders SET holds = holds + 1, expires_at = max(expires_at, ?3)
+                 WHERE key = ?1 AND owner = ?2",
+            )
+            .and_then(|mut s| s.execute(params![key, req.owner.as_str(), expires_at]))
+            .map_err(db_err)?;
+            Some((FencingToken::new(row.token), row.holds.saturating_add(1)))
+        }
+        Admission::Grant => {
+            let fence: i64 = tx
+                .prepare_cached(
+                    "INSERT INTO fencelock_locks (key, fence) VALUES (?1, 1)
+                     ON CONFLICT (key) DO UPDATE SET fence = fence + 1 RETURNING fence",
+                )
+                .and_then(|mut s| s.query_row(params![key], |r| r.get(0)))
+                .map_err(db_err)?;
+            tx.prepare_cached(
+                "INSERT INTO fencelock_holders (key, owner, mode, holds, token, expires_at, acquired_at)
+                 VALUES (?1, ?2, ?3, 1, ?4, ?5, ?6)",
+            )
+            .and_then(|mut s| {
+                s.execute(params![key, req.owner.as_str(), req.mode.as_label(), fence, expires_at, now])
+            })
+            .map_err(db_err)?;
+            Some((FencingToken::new(u64::try_from(fence).unwrap_or(0)), 1))
+        }
+        // Busy (and any future admission kind): nothing changes.
+        _ => None,
+    };
+    tx.commit().map_err(db_err)?;
+    Ok(granted)
+}
+
+/// A read-only check for polling waiters: `Some(time until the earliest
+/// conflicting holder expires)` while `req` would be refused, `None` when it
+/// might be granted.
+pub(crate) fn busy_for(conn: &mut Connection, req: &Request) -> Result<Option<Duration>> {
+    let now = now_ms();
+    let rows = holders(conn, req.key.as_str(), now)?;
+    let admission = admit(
+        req.key.as_str(),
+        rows.iter().map(|r| (r.owner.as_str(), r.mode)),
+        req.owner.as_str(),
+        req.mode,
+    )?;
+    if admission != Admission::Busy {
+        return Ok(None);
+    }
+    let earliest = rows.iter().map(|r| r.expires_at).min().unwrap_or(now);
+    Ok(Some(Duration::from_millis(
+        u64::try_from(earliest.saturating_sub(now)).unwrap_or(0),
+    )))
+}
+
+pub(crate) fn renew(conn: &mut Connection, leases: &[LeaseRef]) -> Result<Vec<Renewal>> {
+    let tx = immediate(conn)?;
+    let now = now_ms();
+    let mut out = Vec::with_capacity(leases.len());
+    {
+        let mut stmt = tx
+            .prepare_cached(
+                "UPDATE fencelock_holders SET expires_at = ?3
+                 WHERE key = ?1 AND owner = ?2 AND expires_at > ?4",
+            )
+            .map_err(db_err)?;
+        for lease in leases {
+            let changed = stmt
+                .execute(params![
+                    lease.key.as_str(),
+                    lease.owner.as_str(),
+                    now.saturating_add(ms(lease.ttl)),
+                    now
+                ])
+                .map_err(db_err)?;
+            out.push(if changed == 1 {
+                Renewal::Held { ttl: lease.ttl }
+            } else {
+                Renewal::Lost {
+                    reason: "no unexpired holder row for this owner".into(),
+                }
+            });
+        }
+    }
+    tx.commit().map_err(db_err)?;
+    Ok(out)
+}
+
+pub(crate) fn release(conn: &mut Connection, lease: &LeaseRef) -> Result<Released> {
+    let tx = immediate(conn)?;
+    let now = now_ms();
+    let key = lease.key.as_str();
+    let owner = lease.owner.as_str();
+    purge(&tx, key, now)?;
+    let holds: Option<i64> = tx
+        .prepare_cached("SELECT holds FROM fencelock_holders WHERE key = ?1 AND owner = ?2")
+        .and_then(|mut s| s.query_row(params![key, owner], |r| r.get(0)).optional())
+        .map_err(db_err)?;
+    let Some(holds) = holds else {
+        return Err(Error::NotHeld {
+            key: key.to_string(),
+            owner: owner.to_string(),
+        });
+    };
+    let sql = if holds > 1 {
+        "UPDATE fencelock_holders SET holds = holds - 1 WHERE key = ?1 AND owner = ?2"
+    } else {
+        "DELETE FROM fencelock_holders WHERE key = ?1 AND owner = ?2"
+    };
+    tx.prepare_cached(sql)
+        .and_then(|mut s| s.execute(params![key, owner]))
+        .map_err(db_err)?;
+    tx.commit().map_err(db_err)?;
+    Ok(Released::new(u32::try_from(holds - 1).unwrap_or(0)))
+}
+
+pub(crate) fn force_release(conn: &mut Connection, key: &Key) -> Result<()> {
+    let tx = immediate(conn)?;
+    tx.execute(
+        "DELETE FROM fencelock_holders WHERE key = ?1",
+        params![key.as_str()],
+    )
+    .map_err(db_err)?;
+    tx.commit().map_err(db_err)
+}
+
+fn fence(conn: &Connection, key: &str) -> Result<Option<u64>> {
+    conn.prepare_cached("SELECT fence FROM fencelock_locks WHERE key = ?1")
+        .and_then(|mut s| s.query_row(params![key], |r| r.get::<_, i64>(0)).optional())
+        .map(|f| f.map(|f| u64::try_from(f).unwrap_or(0)))
+        .map_err(db_err)
+}
+
+fn info(conn: &Connection, key: &str, now: i64) -> Result<Option<LockInfo>> {
+    let rows = holders(conn, key, now)?;
+    let fence = fence(conn, key)?;
+    if rows.is_empty() && fence.is_none() {
+        return Ok(None);
+    }
+    let holders = rows
+        .into_iter()
+        .map(|r| {
+            let left = u64::try_from(r.expires_at.saturating_sub(now)).unwrap_or(0);
+            HolderInfo::new(
+                r.owner,
+                r.mode,
+                r.holds,
+                Some(FencingToken::new(r.token)),
+                Some(Duration::from_millis(left)),
+            )
+        })
+        .collect();
+    Ok(Some(LockInfo::new(
+        key,
+        holders,
+        fence.map(FencingToken::new),
+    )))
+}
+
+pub(crate) fn inspect(conn: &mut Connection, key: &Key) -> Result<Option<LockInfo>> {
+    info(conn, key.as_str(), now_ms())
+}
+
+pub(crate) fn list(conn: &mut Connection, prefix: &str) -> Result<Vec<LockInfo>> {
+    let now = now_ms();
+    let keys: Vec<String> = {
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT DISTINCT key FROM fencelock_holders
+                 WHERE expires_at > ?2 AND substr(key, 1, length(?1)) = ?1 ORDER BY key",
+            )
+            .map_err(db_err)?;
+        stmt.query_map(params![prefix, now], |r| r.get(0))
+            .map_err(db_err)?
+            .collect::<rusqlite::Result<_>>()
+            .map_err(db_err)?
+    };
+    let mut out = Vec::with_capacity(keys.len());
+    for key in keys {
+        if let Some(i) = info(conn, &key, now)? {
+            out.push(i);
+        }
+    }
+    Ok(out)
+}

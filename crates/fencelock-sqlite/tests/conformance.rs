@@ -1,0 +1,76 @@
+//! The SQLite backend against the conformance suite, on a real file.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use fencelock_core::{Backend, Key, Result, async_trait};
+use fencelock_sqlite::SqliteBackend;
+use fencelock_testkit::{Harness, run_conformance};
+
+struct Sqlite {
+    path: PathBuf,
+}
+
+#[async_trait]
+impl Harness for Sqlite {
+    async fn backend(&self) -> Result<Arc<dyn Backend>> {
+        // A new connection per client, as a separate process would open.
+        Ok(Arc::new(SqliteBackend::open(&self.path).await?))
+    }
+
+    async fn steal(&self, key: &Key) -> Result<()> {
+        SqliteBackend::open(&self.path)
+            .await?
+            .force_release(key)
+            .await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_passes_the_conformance_suite() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = run_conformance(
+        "sqlite",
+        Sqlite {
+            path: dir.path().join("locks.db"),
+        },
+    )
+    .await;
+    report.assert_passed();
+    assert!(
+        report.skipped().is_empty(),
+        "skipped: {:?}",
+        report.skipped()
+    );
+}
+
+#[tokio::test]
+async fn fence_survives_reopening_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("locks.db");
+    let first = {
+        let locker = fencelock_core::Locker::new(SqliteBackend::open(&path).await.unwrap());
+        let g = locker.lock("k").acquire().await.unwrap();
+        let t = g.token().unwrap();
+        g.release().await.unwrap();
+        t
+    };
+    let locker = fencelock_core::Locker::new(SqliteBackend::open(&path).await.unwrap());
+    let g = locker.lock("k").acquire().await.unwrap();
+    assert!(g.token().unwrap() > first);
+}
+
+#[tokio::test]
+async fn unopenable_path_is_a_connection_error_naming_it() {
+    let err = SqliteBackend::open("/nonexistent-dir/x/locks.db")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, fencelock_core::Error::Connection { .. }),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains("/nonexistent-dir/x/locks.db"),
+        "{err}"
+    );
+}
