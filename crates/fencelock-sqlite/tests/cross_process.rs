@@ -176,7 +176,8 @@ fn processes_contend_on_one_file_without_overlap() {
     );
 }
 
-/// Spawns a holder and waits for its "acquired N" line.
+/// Spawns a holder and waits for its "acquired N" line. The caller reaps it.
+#[allow(clippy::zombie_processes)]
 fn spawn_holder(db: &Path) -> (Child, BufReader<std::process::ChildStdout>, u64) {
     let mut child = worker_command("hold", db)
         .stdout(Stdio::piped())
@@ -186,10 +187,11 @@ fn spawn_holder(db: &Path) -> (Child, BufReader<std::process::ChildStdout>, u64)
     let mut line = String::new();
     loop {
         line.clear();
-        assert!(
-            out.read_line(&mut line).unwrap() > 0,
-            "holder exited before acquiring"
-        );
+        if out.read_line(&mut line).unwrap_or(0) == 0 {
+            let _ = child.kill();
+            let status = child.wait();
+            panic!("holder exited before acquiring: {status:?}");
+        }
         // The test harness may print its own text before ours on the same line.
         if let Some((_, t)) = line.trim().split_once("acquired ") {
             return (child, out, t.parse().unwrap());
