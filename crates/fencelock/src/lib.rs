@@ -1,1 +1,227 @@
-//! placeholder
+//! fencelock: distributed locks that stay correct when holders pause, servers
+//! fail over and networks split.
+//!
+//! Every backend gives the same API: fencing tokens where the backend can
+//! guarantee them, a lease-lost signal, watchdog renewal and notification-based
+//! waiting. Pick the backend with a URL:
+//!
+//! | URL | backend | cargo feature |
+//! |---|---|---|
+//! | `memory://[name]` | this process's memory | always |
+//! | `sqlite://PATH` (`sqlite://` = default file) | a SQLite file shared by the machine's processes | `sqlite` (default) |
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use fencelock::Locker;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> fencelock::Result<()> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! # let url = format!("sqlite://{}", dir.path().join("locks.db").display());
+//! let locker = Locker::connect(&url).await?;
+//! let guard = locker
+//!     .lock("orders/42")
+//!     .ttl(Duration::from_secs(30))
+//!     .wait(Duration::from_secs(5))
+//!     .acquire()
+//!     .await?;
+//! let token = guard.token(); // send it with every write; the resource rejects older ones
+//! guard.release().await?;
+//! # let _ = token; Ok(()) }
+//! ```
+#![warn(missing_docs)]
+
+use std::ops::Deref;
+use std::sync::Arc;
+
+pub use fencelock_core::*;
+
+/// The backend crates compiled into this build.
+pub mod backends {
+    /// The in-memory backend (always present).
+    pub use fencelock_core::MemoryBackend;
+    #[cfg(feature = "sqlite")]
+    pub use fencelock_sqlite as sqlite;
+}
+
+/// A scheme, the backend it selects, and the cargo feature that compiles it.
+const SCHEMES: &[(&str, &str, &str)] = &[
+    ("memory", "memory", ""),
+    ("sqlite", "sqlite", "sqlite"),
+    ("redis", "redis", "redis"),
+    ("rediss", "redis", "redis"),
+    ("redis+cluster", "redis", "redis"),
+    ("redlock", "redlock", "redis"),
+    ("zk", "zookeeper", "zookeeper"),
+    ("etcd", "etcd", "etcd"),
+    ("postgres", "postgres", "postgres"),
+    ("postgresql", "postgres", "postgres"),
+    ("mysql", "mysql", "mysql"),
+    ("mariadb", "mysql", "mysql"),
+    ("memcached", "memcached", "memcached"),
+];
+
+/// The backends compiled into this build, by name.
+pub fn compiled_backends() -> Vec<&'static str> {
+    let mut v = vec!["memory"];
+    if cfg!(feature = "sqlite") {
+        v.push("sqlite");
+    }
+    v
+}
+
+/// The URL of the embedded default: the SQLite file of
+/// `fencelock_sqlite::default_path()`.
+pub const DEFAULT_URL: &str = "sqlite://";
+
+/// Opens the backend that `url` names.
+///
+/// # Errors
+///
+/// [`Error::InvalidConfig`] naming the bad part of the URL, or the cargo feature
+/// to enable when the backend is not compiled in; connection errors of the
+/// backend (with passwords redacted).
+pub async fn connect_backend(url: &str) -> Result<Arc<dyn Backend>> {
+    let url = url.trim();
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err(Error::config(format!(
+            "backend URL {:?} has no scheme; write SCHEME://…, e.g. sqlite:///tmp/locks.db or memory://",
+            redact_url(url)
+        )));
+    };
+    let scheme = scheme.to_ascii_lowercase();
+    match scheme.as_str() {
+        "memory" => {
+            if rest.contains('?') {
+                return Err(Error::config("memory:// takes no options"));
+            }
+            Ok(Arc::new(MemoryBackend::named(rest)))
+        }
+        #[cfg(feature = "sqlite")]
+        "sqlite" => Ok(Arc::new(
+            fencelock_sqlite::SqliteBackend::connect(url).await?,
+        )),
+        _ => Err(match SCHEMES.iter().find(|(s, _, _)| *s == scheme) {
+            Some((_, backend, feature)) => Error::config(format!(
+                "the {backend} backend ({scheme}://) is not compiled into this build; enable the cargo feature `{feature}` of the fencelock crate"
+            )),
+            None => Error::config(format!(
+                "unknown backend scheme {scheme:?} in {:?}; known schemes: {}",
+                redact_url(url),
+                SCHEMES
+                    .iter()
+                    .map(|(s, _, _)| format!("{s}://"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        }),
+    }
+}
+
+/// A [`fencelock_core::Locker`] that can also be opened from a URL.
+///
+/// It dereferences to the core locker, so every method of
+/// [`fencelock_core::Locker`] (`lock`, `read_lock`, `semaphore`, `multi_lock`,
+/// `inspect`, …) is available on it.
+#[derive(Clone, Debug)]
+pub struct Locker(fencelock_core::Locker);
+
+impl Locker {
+    /// Connects to the backend `url` names (see the table in the crate docs).
+    ///
+    /// # Errors
+    ///
+    /// As [`connect_backend`].
+    pub async fn connect(url: &str) -> Result<Locker> {
+        Ok(Locker(fencelock_core::Locker::from_arc(
+            connect_backend(url).await?,
+        )))
+    }
+
+    /// A locker on an already built backend.
+    pub fn new(backend: impl Backend) -> Locker {
+        Locker(fencelock_core::Locker::new(backend))
+    }
+
+    /// The core locker.
+    pub fn into_inner(self) -> fencelock_core::Locker {
+        self.0
+    }
+}
+
+impl Deref for Locker {
+    type Target = fencelock_core::Locker;
+
+    fn deref(&self) -> &fencelock_core::Locker {
+        &self.0
+    }
+}
+
+impl From<fencelock_core::Locker> for Locker {
+    fn from(l: fencelock_core::Locker) -> Locker {
+        Locker(l)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn unknown_and_missing_schemes_are_named() {
+        let e = connect_backend("nope://x").await.err().unwrap().to_string();
+        assert!(e.contains("\"nope\"") && e.contains("sqlite://"), "{e}");
+        let e = connect_backend("zk://127.0.0.1:2181")
+            .await
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("`zookeeper`"), "{e}");
+        let e = connect_backend("/tmp/x.db")
+            .await
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("no scheme"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn passwords_never_reach_messages() {
+        let e = connect_backend("bogus://user:hunter2@host/db")
+            .await
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(!e.contains("hunter2"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn named_memory_instances_are_shared() {
+        let a = Locker::connect("memory://facade-test").await.unwrap();
+        let b = Locker::connect("memory://facade-test").await.unwrap();
+        let c = Locker::connect("memory://other").await.unwrap();
+        let g = a.lock("k").acquire().await.unwrap();
+        assert!(b.lock("k").try_acquire().await.unwrap().is_none());
+        assert!(c.lock("k").try_acquire().await.unwrap().is_some());
+        g.release().await.unwrap();
+    }
+
+    #[cfg(feature = "sqlite")]
+    #[tokio::test]
+    async fn sqlite_url_opens_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!(
+            "sqlite://{}?busy_timeout=2s",
+            dir.path().join("l.db").display()
+        );
+        let locker = Locker::connect(&url).await.unwrap();
+        assert_eq!(locker.backend().name(), "sqlite");
+        let e = connect_backend("sqlite:///tmp/x.db?colour=red")
+            .await
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("colour"), "{e}");
+    }
+}

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The whole test suite against real servers: the README's test command and what
+# CI runs. Starts (and if needed installs) every server first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== services"
+scripts/services.sh
+
+echo "== format"
+cargo fmt --all -- --check
+
+echo "== clippy"
+cargo clippy --workspace --all-targets --all-features -- -D warnings
+
+echo "== tests"
+cargo test --workspace --all-features
+
+echo "== docs"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features
+
+echo "== all tests passed"
