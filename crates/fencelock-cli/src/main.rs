@@ -1,9 +1,69 @@
-//! The `fencelock` command-line tool (filled in by the CLI issue).
+//! The `fencelock` command: `run`, `demo`, `bench`, `status`, `list`.
 
-fn main() {
-    println!(
-        "fencelock {} — backends: {}",
+mod bench;
+mod cli;
+mod demo;
+mod exit;
+mod inspect;
+mod plot;
+mod run;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::error::ErrorKind;
+use clap::{CommandFactory, FromArgMatches};
+
+use crate::cli::{Cli, Command};
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FENCELOCK_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let version = format!(
+        "{} (backends: {})",
         env!("CARGO_PKG_VERSION"),
         fencelock::compiled_backends().join(", ")
     );
+    let parsed = Cli::command()
+        .version(version)
+        .try_get_matches()
+        .and_then(|m| Cli::from_arg_matches(&m));
+    let cli = match parsed {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return match e.kind() {
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => ExitCode::SUCCESS,
+                _ => ExitCode::from(exit::USAGE),
+            };
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("fencelock: cannot start the async runtime: {e}");
+            return ExitCode::from(exit::FAILURE);
+        }
+    };
+    let code = runtime.block_on(async move {
+        match cli.command {
+            Command::Run(args) => run::run(args).await,
+            Command::Demo(args) => demo::demo(args).await,
+            Command::DemoBuyer(args) => demo::buyer(args).await,
+            Command::Bench(args) => bench::bench(args).await,
+            Command::Status(args) => inspect::status(args).await,
+            Command::List(args) => inspect::list(args).await,
+        }
+    });
+    // Do not wait for stuck blocking work (a busy database) at exit.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    ExitCode::from(code)
 }

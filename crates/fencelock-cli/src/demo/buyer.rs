@@ -1,0 +1,140 @@
+//! One buyer process of the demo.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use fencelock::Locker;
+
+use super::stock::Stock;
+use crate::cli::parse_duration;
+use crate::exit;
+
+#[derive(Debug, Args)]
+pub struct BuyerArgs {
+    /// 1: no lock; 2: with fencelock; 3: with fencelock and fenced writes.
+    #[arg(long)]
+    pub act: u8,
+    #[arg(long)]
+    pub stock_db: PathBuf,
+    #[arg(long)]
+    pub backend: String,
+    #[arg(long)]
+    pub key: String,
+    #[arg(long)]
+    pub name: String,
+    #[arg(long, value_parser = parse_duration)]
+    pub think: Duration,
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    pub ttl: Duration,
+    /// Act 3's paused holder: take the lock once, report, write late.
+    #[arg(long)]
+    pub victim: bool,
+}
+
+/// Runs blocking stock I/O without stalling the runtime's other tasks.
+fn io<T>(f: impl FnOnce() -> super::stock::Result<T>) -> Result<T, String> {
+    tokio::task::block_in_place(f)
+}
+
+pub async fn buyer(args: BuyerArgs) -> u8 {
+    match shop(&args).await {
+        Ok(bought) => {
+            println!("{} bought {bought}", args.name);
+            0
+        }
+        Err(e) => {
+            eprintln!("fencelock demo buyer {}: {e}", args.name);
+            exit::FAILURE
+        }
+    }
+}
+
+async fn shop(args: &BuyerArgs) -> Result<u64, String> {
+    let stock = Stock::open(&args.stock_db)?;
+    if args.act == 1 {
+        return shop_without_lock(args, &stock).await;
+    }
+    let locker = Locker::connect(&args.backend)
+        .await
+        .map_err(|e| e.to_string())?;
+    if args.victim {
+        return paused_holder(args, &locker, &stock).await;
+    }
+    let mut bought = 0;
+    loop {
+        let guard = locker
+            .lock(&args.key)
+            .ttl(args.ttl)
+            .acquire()
+            .await
+            .map_err(|e| e.to_string())?;
+        let n = io(|| stock.read())?;
+        if n <= 0 {
+            guard.release().await.map_err(|e| e.to_string())?;
+            return Ok(bought);
+        }
+        tokio::time::sleep(args.think).await;
+        let token = guard.token().map(|t| t.get());
+        let applied = match (args.act, token) {
+            (3, Some(t)) => io(|| stock.write_fenced(n - 1, t))?,
+            (3, None) => return Err("act 3 needs a backend with fencing tokens".into()),
+            _ => io(|| stock.write(n - 1, token)).map(|()| true)?,
+        };
+        if applied {
+            io(|| stock.record_sale(&args.name, token))?;
+            bought += 1;
+        } else {
+            println!("{} write rejected with token {token:?}", args.name);
+        }
+        guard.release().await.map_err(|e| e.to_string())?;
+    }
+}
+
+async fn shop_without_lock(args: &BuyerArgs, stock: &Stock) -> Result<u64, String> {
+    let mut bought = 0;
+    loop {
+        let n = io(|| stock.read())?;
+        if n <= 0 {
+            return Ok(bought);
+        }
+        tokio::time::sleep(args.think).await;
+        io(|| stock.write(n - 1, None))?;
+        io(|| stock.record_sale(&args.name, None))?;
+        bought += 1;
+    }
+}
+
+/// Kleppmann's story: check the lease, pause (the demo SIGSTOPs us here), then
+/// write with what we read before the pause.
+async fn paused_holder(args: &BuyerArgs, locker: &Locker, stock: &Stock) -> Result<u64, String> {
+    let guard = locker
+        .lock(&args.key)
+        .ttl(args.ttl)
+        .acquire()
+        .await
+        .map_err(|e| e.to_string())?;
+    let token = guard
+        .token()
+        .ok_or("act 3 needs a backend with fencing tokens")?;
+    let n = io(|| stock.read())?;
+    if !guard.is_valid() {
+        return Err("lease invalid right after the grant".into());
+    }
+    println!("holding {token} {n}");
+    let _ = std::io::stdout().flush();
+    // The pause lands in this window.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let applied = io(|| stock.write_fenced(n - 1, token.get()))?;
+    println!(
+        "stale-write {}",
+        if applied { "accepted" } else { "rejected" }
+    );
+    let _ = std::io::stdout().flush();
+    if applied {
+        io(|| stock.record_sale(&args.name, Some(token.get())))?;
+    }
+    drop(guard);
+    Ok(u64::from(applied))
+}

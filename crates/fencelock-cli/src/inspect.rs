@@ -1,0 +1,94 @@
+//! `fencelock status` and `fencelock list`.
+
+use fencelock::{Error, LockInfo, Locker};
+
+use crate::cli::{ListArgs, StatusArgs};
+use crate::exit;
+
+fn print_holders(info: &LockInfo) {
+    println!(
+        "  {:<40} {:<12} {:>5} {:>10} {:>12}",
+        "holder", "mode", "holds", "token", "expires in"
+    );
+    for h in &info.holders {
+        println!(
+            "  {:<40} {:<12} {:>5} {:>10} {:>12}",
+            h.owner,
+            h.mode.to_string(),
+            h.holds,
+            h.token.map_or("-".to_string(), |t| t.to_string()),
+            h.expires_in
+                .map_or("-".to_string(), |d| format!("{:.1}s", d.as_secs_f64()))
+        );
+    }
+}
+
+fn last_token(info: &LockInfo) -> String {
+    info.last_token
+        .map_or(String::new(), |t| format!(", last token {t}"))
+}
+
+fn unsupported_or(e: &Error, backend: &str) -> u8 {
+    if let Error::Unsupported { .. } = e {
+        eprintln!("fencelock: not supported by {backend}: it cannot inspect locks");
+        return exit::FAILURE;
+    }
+    exit::report(e)
+}
+
+async fn connect(url: &str) -> Result<Locker, u8> {
+    Locker::connect(url).await.map_err(|e| exit::report(&e))
+}
+
+pub async fn status(args: StatusArgs) -> u8 {
+    let locker = match connect(&args.backend.url()).await {
+        Ok(l) => l,
+        Err(code) => return code,
+    };
+    let name = locker.backend().name();
+    match locker.inspect(&args.key).await {
+        Ok(None) => {
+            println!("{}: free (never locked)", args.key);
+            0
+        }
+        Ok(Some(info)) if info.holders.is_empty() => {
+            println!("{}: free{}", args.key, last_token(&info));
+            0
+        }
+        Ok(Some(info)) => {
+            println!("{}: held{}", args.key, last_token(&info));
+            print_holders(&info);
+            0
+        }
+        Err(e) => unsupported_or(&e, name),
+    }
+}
+
+pub async fn list(args: ListArgs) -> u8 {
+    let locker = match connect(&args.backend.url()).await {
+        Ok(l) => l,
+        Err(code) => return code,
+    };
+    let name = locker.backend().name();
+    match locker.list(&args.prefix).await {
+        Ok(infos) if infos.is_empty() => {
+            println!(
+                "no held locks{}",
+                if args.prefix.is_empty() {
+                    String::new()
+                } else {
+                    format!(" under {:?}", args.prefix)
+                }
+            );
+            0
+        }
+        Ok(infos) => {
+            for info in &infos {
+                println!("{}{}", info.key, last_token(info));
+                print_holders(info);
+            }
+            0
+        }
+        Err(e) => unsupported_or(&e, name),
+    }
+}

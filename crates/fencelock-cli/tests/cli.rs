@@ -1,0 +1,506 @@
+//! The built `fencelock` binary, driven like a user would: every subcommand and
+//! every exit status of the CLI contract.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use fencelock_testkit::{Signal, send_signal};
+
+const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
+
+/// A private lock file per test.
+struct Env {
+    dir: tempfile::TempDir,
+    url: String,
+}
+
+impl Env {
+    fn new() -> Env {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("locks.db").display());
+        Env { dir, url }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.args(args)
+            .env("FENCELOCK_BACKEND", &self.url)
+            .env_remove("FENCELOCK_LOG");
+        c
+    }
+
+    fn output(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().unwrap()
+    }
+
+    fn spawn(&self, args: &[&str]) -> Child {
+        self.cmd(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().unwrap_or(-1)
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Waits until `path` exists and holds a line; returns it.
+fn wait_file(path: &Path, limit: Duration) -> String {
+    let start = Instant::now();
+    loop {
+        if let Ok(s) = std::fs::read_to_string(path)
+            && s.ends_with('\n')
+        {
+            return s.trim().to_string();
+        }
+        assert!(start.elapsed() < limit, "{} never appeared", path.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie still has /proc/PID; look at its state.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.split_whitespace().nth(2) != Some("Z"))
+        .unwrap_or(false)
+}
+
+fn wait_exit(child: &mut Child, limit: Duration) -> i32 {
+    let start = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s.code().unwrap_or(-1);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("fencelock did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A holder that records its token and shell pid, then sleeps.
+fn holder(env: &Env, key: &str, extra: &[&str], token_file: &Path, sleep: u32) -> Child {
+    let script = format!(
+        "echo $FENCELOCK_TOKEN $$ > {}; sleep {sleep}",
+        token_file.display()
+    );
+    let mut args = vec!["run", "--key", key];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--", "sh", "-c", &script]);
+    env.spawn(&args)
+}
+
+fn token_and_pid(line: &str) -> (u64, i32) {
+    let mut parts = line.split_whitespace();
+    let t = parts.next().unwrap().parse().unwrap();
+    let p = parts.next().unwrap().parse().unwrap();
+    (t, p)
+}
+
+#[test]
+fn run_passes_token_key_and_exit_status() {
+    let env = Env::new();
+    let out = env.path("env");
+    let script = format!(
+        "echo \"$FENCELOCK_TOKEN $FENCELOCK_KEY\" > {}; exit 3",
+        out.display()
+    );
+    let o = env.output(&["run", "--key", "jobs/nightly", "--", "sh", "-c", &script]);
+    assert_eq!(code(&o), 3, "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap().trim(),
+        "1 jobs/nightly"
+    );
+    // The lock was released after CMD: the next run gets it at once with a larger token.
+    let o = env.output(&[
+        "run",
+        "--key",
+        "jobs/nightly",
+        "--wait",
+        "0s",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    assert_eq!(code(&o), 3);
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap().trim(),
+        "2 jobs/nightly"
+    );
+}
+
+#[test]
+fn busy_lock_exits_75_after_the_wait() {
+    let env = Env::new();
+    let tf = env.path("t");
+    let mut h = holder(&env, "busy", &[], &tf, 30);
+    let (_, shell) = token_and_pid(&wait_file(&tf, Duration::from_secs(20)));
+    let o = env.output(&["run", "--key", "busy", "--wait", "0s", "--", "true"]);
+    assert_eq!(code(&o), 75, "{}", stderr(&o));
+    let start = Instant::now();
+    let o = env.output(&["run", "--key", "busy", "--wait", "300ms", "--", "true"]);
+    assert_eq!(code(&o), 75);
+    assert!(start.elapsed() >= Duration::from_millis(300));
+    assert!(stderr(&o).contains("not acquired"), "{}", stderr(&o));
+    send_signal(h.id(), Signal::SIGTERM).unwrap();
+    wait_exit(&mut h, Duration::from_secs(20));
+    let _ = send_signal(shell as u32, Signal::SIGKILL);
+}
+
+#[test]
+fn bad_usage_exits_64() {
+    let env = Env::new();
+    let cases: &[&[&str]] = &[
+        &["run", "--key", "", "--", "true"],
+        &["run", "--key", "a\nb", "--", "true"],
+        &["run", "--key", "k", "--ttl", "soon", "--", "true"],
+        &["run", "--key", "k", "--ttl", "0s", "--", "true"],
+        &["run", "--key", "k", "--wait", "never", "--", "true"],
+        &[
+            "run",
+            "--key",
+            "k",
+            "--shared",
+            "--permits",
+            "2",
+            "--",
+            "true",
+        ],
+        &["run", "--key", "k", "--permits", "0", "--", "true"],
+        &["run", "--key", "k"],
+        &["run", "--backend", "nope://x", "--key", "k", "--", "true"],
+        &[
+            "run",
+            "--backend",
+            "sqlite:///tmp/x.db?colour=red",
+            "--key",
+            "k",
+            "--",
+            "true",
+        ],
+        &["frobnicate"],
+        &[],
+    ];
+    for args in cases {
+        let o = env.output(args);
+        assert_eq!(code(&o), 64, "{args:?}: {}", stderr(&o));
+        assert!(!stderr(&o).trim().is_empty(), "{args:?} printed no message");
+    }
+}
+
+#[test]
+fn unreachable_backend_exits_69_naming_the_address() {
+    let env = Env::new();
+    let o = env.output(&[
+        "run",
+        "--backend",
+        "sqlite:///nonexistent-dir/locks.db",
+        "--key",
+        "k",
+        "--",
+        "true",
+    ]);
+    assert_eq!(code(&o), 69, "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains("/nonexistent-dir/locks.db"), "{e}");
+    assert_eq!(e.trim().lines().count(), 1, "not one line: {e}");
+}
+
+#[test]
+fn missing_command_exits_127() {
+    let env = Env::new();
+    let o = env.output(&["run", "--key", "k", "--", "/nonexistent/command"]);
+    assert_eq!(code(&o), 127, "{}", stderr(&o));
+    // The lock was released.
+    let o = env.output(&["run", "--key", "k", "--wait", "0s", "--", "true"]);
+    assert_eq!(code(&o), 0);
+}
+
+#[test]
+fn sigkilled_holder_is_replaced_after_the_ttl_with_a_larger_token() {
+    let env = Env::new();
+    let (t1, t2) = (env.path("t1"), env.path("t2"));
+    let mut h = holder(&env, "crash", &["--ttl", "1s"], &t1, 60);
+    let (token1, shell) = token_and_pid(&wait_file(&t1, Duration::from_secs(20)));
+    send_signal(h.id(), Signal::SIGKILL).unwrap();
+    h.wait().unwrap();
+    let start = Instant::now();
+    let script = format!("echo $FENCELOCK_TOKEN 0 > {}", t2.display());
+    let o = env.output(&[
+        "run", "--key", "crash", "--wait", "20s", "--", "sh", "-c", &script,
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(
+        start.elapsed() >= Duration::from_millis(300),
+        "taken at once, not after the TTL"
+    );
+    let (token2, _) = token_and_pid(&wait_file(&t2, Duration::from_secs(5)));
+    assert!(token2 > token1, "token {token2} after {token1}");
+    let _ = send_signal(shell as u32, Signal::SIGKILL);
+}
+
+#[test]
+fn sigstopped_holder_kills_its_command_and_exits_76_when_resumed() {
+    let env = Env::new();
+    let (t1, t2, finished) = (env.path("t1"), env.path("t2"), env.path("finished"));
+    let script = format!(
+        "echo $FENCELOCK_TOKEN $$ > {}; sleep 8; touch {}",
+        t1.display(),
+        finished.display()
+    );
+    let mut h = env.spawn(&[
+        "run",
+        "--key",
+        "pause",
+        "--ttl",
+        "1s",
+        "--kill-grace",
+        "1s",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let (token1, shell) = token_and_pid(&wait_file(&t1, Duration::from_secs(20)));
+    send_signal(h.id(), Signal::SIGSTOP).unwrap();
+    // Another process takes the lock once the paused holder's lease expires.
+    let script2 = format!("echo $FENCELOCK_TOKEN 0 > {}", t2.display());
+    let o = env.output(&[
+        "run", "--key", "pause", "--wait", "20s", "--", "sh", "-c", &script2,
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let (token2, _) = token_and_pid(&wait_file(&t2, Duration::from_secs(5)));
+    assert!(token2 > token1);
+    send_signal(h.id(), Signal::SIGCONT).unwrap();
+    let status = wait_exit(&mut h, Duration::from_secs(20));
+    let mut err = String::new();
+    std::io::Read::read_to_string(h.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(status, 76, "{err}");
+    assert!(err.contains("lost"), "{err}");
+    assert!(!alive(shell), "CMD still runs after the lease was lost");
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(!finished.exists(), "CMD finished its work without the lock");
+}
+
+#[test]
+fn sigterm_reaches_the_command_and_the_lock_is_released() {
+    let env = Env::new();
+    let tf = env.path("t");
+    let mut h = holder(&env, "term", &[], &tf, 30);
+    let (_, shell) = token_and_pid(&wait_file(&tf, Duration::from_secs(20)));
+    send_signal(h.id(), Signal::SIGTERM).unwrap();
+    let status = wait_exit(&mut h, Duration::from_secs(20));
+    assert_eq!(
+        status,
+        128 + 15,
+        "the exit status is not the command's death by SIGTERM"
+    );
+    assert!(!alive(shell), "the command survived SIGTERM");
+    let o = env.output(&["run", "--key", "term", "--wait", "0s", "--", "true"]);
+    assert_eq!(code(&o), 0, "the lock was not released: {}", stderr(&o));
+}
+
+#[test]
+fn shared_and_semaphore_modes() {
+    let env = Env::new();
+    let tf = env.path("t");
+    let mut reader = holder(&env, "rw", &["--shared"], &tf, 30);
+    let (_, shell) = token_and_pid(&wait_file(&tf, Duration::from_secs(20)));
+    let o = env.output(&[
+        "run", "--key", "rw", "--shared", "--wait", "0s", "--", "true",
+    ]);
+    assert_eq!(code(&o), 0, "a second reader was refused: {}", stderr(&o));
+    let o = env.output(&["run", "--key", "rw", "--wait", "0s", "--", "true"]);
+    assert_eq!(code(&o), 75, "a writer got in beside a reader");
+    send_signal(reader.id(), Signal::SIGTERM).unwrap();
+    wait_exit(&mut reader, Duration::from_secs(20));
+    let _ = send_signal(shell as u32, Signal::SIGKILL);
+
+    let (a, b) = (env.path("a"), env.path("b"));
+    let mut p1 = holder(&env, "sem", &["--permits", "2"], &a, 30);
+    let mut p2 = holder(&env, "sem", &["--permits", "2"], &b, 30);
+    let (_, s1) = token_and_pid(&wait_file(&a, Duration::from_secs(20)));
+    let (_, s2) = token_and_pid(&wait_file(&b, Duration::from_secs(20)));
+    let o = env.output(&[
+        "run",
+        "--key",
+        "sem",
+        "--permits",
+        "2",
+        "--wait",
+        "0s",
+        "--",
+        "true",
+    ]);
+    assert_eq!(code(&o), 75, "a third permit of two was granted");
+    for (p, s) in [(&mut p1, s1), (&mut p2, s2)] {
+        send_signal(p.id(), Signal::SIGTERM).unwrap();
+        wait_exit(p, Duration::from_secs(20));
+        let _ = send_signal(s as u32, Signal::SIGKILL);
+    }
+}
+
+#[test]
+fn status_and_list_show_the_holder() {
+    let env = Env::new();
+    let o = env.output(&["status", "orders/1"]);
+    assert_eq!(code(&o), 0);
+    assert!(stdout(&o).contains("free"), "{}", stdout(&o));
+    let tf = env.path("t");
+    let mut h = holder(&env, "orders/1", &[], &tf, 30);
+    let (token, shell) = token_and_pid(&wait_file(&tf, Duration::from_secs(20)));
+    let o = env.output(&["status", "orders/1"]);
+    let s = stdout(&o);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(s.contains("held") && s.contains("exclusive"), "{s}");
+    assert!(
+        s.contains(&format!(" {token} ")),
+        "token {token} missing: {s}"
+    );
+    let o = env.output(&["list", "--prefix", "orders/"]);
+    assert!(stdout(&o).contains("orders/1"), "{}", stdout(&o));
+    let o = env.output(&["list", "--prefix", "invoices/"]);
+    assert!(stdout(&o).contains("no held locks"), "{}", stdout(&o));
+    send_signal(h.id(), Signal::SIGTERM).unwrap();
+    wait_exit(&mut h, Duration::from_secs(20));
+    let _ = send_signal(shell as u32, Signal::SIGKILL);
+    let o = env.output(&["status", "orders/1"]);
+    assert!(
+        stdout(&o).contains("free") && stdout(&o).contains(&format!("last token {token}")),
+        "{}",
+        stdout(&o)
+    );
+}
+
+#[test]
+fn bench_prints_json_lines_a_table_and_a_plot() {
+    let env = Env::new();
+    let svg = env.path("bench.svg");
+    let o = env.output(&[
+        "bench",
+        "--backend",
+        "memory://",
+        "--backend",
+        &env.url,
+        "--scenario",
+        "all",
+        "--cycles",
+        "200",
+        "--workers",
+        "4",
+        "--json",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let lines: Vec<serde_json::Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 6, "two backends × three scenarios");
+    let fields = [
+        "system",
+        "backend",
+        "scenario",
+        "workers",
+        "ops",
+        "secs",
+        "ops_per_sec",
+        "p50_ms",
+        "p99_ms",
+        "max_ms",
+        "owner_switches",
+        "final_counter",
+        "expected_counter",
+        "correct",
+    ];
+    for l in &lines {
+        for f in fields {
+            assert!(l.get(f).is_some(), "{f} missing in {l}");
+        }
+        assert_eq!(l["correct"], true, "{l}");
+        assert_eq!(l["final_counter"], l["expected_counter"]);
+        assert!(l["ops_per_sec"].as_f64().unwrap() > 0.0);
+    }
+    let scenarios: Vec<&str> = lines
+        .iter()
+        .map(|l| l["scenario"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        scenarios,
+        [
+            "uncontended",
+            "contended",
+            "handoff",
+            "uncontended",
+            "contended",
+            "handoff"
+        ]
+    );
+    assert!(
+        stderr(&o).contains("ops/s"),
+        "the table goes to stderr with --json"
+    );
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        plot.contains("<svg") && plot.contains("sqlite/contended"),
+        "not a plot of the runs"
+    );
+}
+
+#[test]
+fn demo_sells_exactly_the_stock_and_fences_the_paused_holder() {
+    let env = Env::new();
+    let o = env.output(&["demo", "--processes", "8", "--stock", "20"]);
+    let s = stdout(&o);
+    assert_eq!(code(&o), 0, "{s}\n{}", stderr(&o));
+    for needle in [
+        "1  no lock",
+        "2  fencelock",
+        "3  paused holder",
+        "rejected",
+        "correct",
+    ] {
+        assert!(s.contains(needle), "{needle:?} missing:\n{s}");
+    }
+    let o = env.output(&["demo", "--backend", "memory://"]);
+    assert_eq!(code(&o), 64, "the demo cannot run on a per-process backend");
+}
+
+#[test]
+fn version_and_help() {
+    let env = Env::new();
+    let o = env.output(&["--version"]);
+    assert_eq!(code(&o), 0);
+    assert!(
+        stdout(&o).contains("memory") && stdout(&o).contains("sqlite"),
+        "{}",
+        stdout(&o)
+    );
+    for sub in ["run", "demo", "bench", "status", "list"] {
+        let o = env.output(&[sub, "--help"]);
+        assert_eq!(code(&o), 0);
+        assert!(
+            stdout(&o).contains("Examples:"),
+            "{sub} --help has no example"
+        );
+    }
+}
