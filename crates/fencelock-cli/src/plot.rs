@@ -31,7 +31,8 @@ pub fn draw(path: &Path, results: &[RunResult]) -> Result<(), Box<dyn std::error
         .iter()
         .map(|r| format!("{}/{}", r.backend, r.scenario))
         .collect();
-    let panels: [(&DrawingArea<SVGBackend, _>, &str, fn(&RunResult) -> f64); 2] = [
+    type Metric = fn(&RunResult) -> f64;
+    let panels: [(_, &str, Metric); 2] = [
         (&left, "throughput (ops/s, higher is better)", |r| {
             r.ops_per_sec()
         }),
