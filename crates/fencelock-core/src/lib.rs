@@ -39,6 +39,7 @@ mod error;
 mod guard;
 mod history;
 mod key;
+mod local_queue;
 mod locker;
 mod memory;
 mod mode;

@@ -14,6 +14,7 @@ use crate::capabilities::Capabilities;
 use crate::error::{Error, Result};
 use crate::guard::{Guard, Lease, LeaseState, LostReason, validity_deadline};
 use crate::key::{Key, Owner};
+use crate::local_queue::LocalQueues;
 use crate::mode::Mode;
 use crate::multi::MultiLockBuilder;
 use crate::watchdog::{self, Command, Registration};
@@ -33,6 +34,7 @@ pub(crate) struct Shared {
     id: String,
     next_id: AtomicU64,
     default_ttl: Duration,
+    pub(crate) queues: LocalQueues,
 }
 
 impl Shared {
@@ -115,6 +117,7 @@ impl Locker {
                 id,
                 next_id: AtomicU64::new(1),
                 default_ttl,
+                queues: LocalQueues::default(),
             }),
         }
     }
@@ -508,6 +511,23 @@ pub(crate) async fn acquire_one(
 ) -> Result<Guard> {
     let start = Instant::now();
     let deadline = opts.deadline(start);
+    let timeout = || Error::Timeout {
+        key: req.key.to_string(),
+        waited: start.elapsed(),
+    };
+    // Line up behind this locker's other waiters for the key (see local_queue).
+    let _turn = if req.mode == Mode::Exclusive && opts.owner.is_none() {
+        Some(
+            locker
+                .shared
+                .queues
+                .turn(&req.key, deadline)
+                .await
+                .ok_or_else(timeout)?,
+        )
+    } else {
+        None
+    };
     let backend = &locker.shared.backend;
     let span = acquire_span(backend.as_ref(), req);
     match backend.acquire(req, deadline).instrument(span).await? {
@@ -515,9 +535,6 @@ pub(crate) async fn acquire_one(
             log_grant(req, &grant, start.elapsed());
             Ok(locker.guard_for(req, grant, opts))
         }
-        None => Err(Error::Timeout {
-            key: req.key.to_string(),
-            waited: start.elapsed(),
-        }),
+        None => Err(timeout()),
     }
 }
