@@ -24,18 +24,30 @@ pub struct Request {
     pub mode: Mode,
     /// How long the hold lasts unless renewed.
     pub ttl: Duration,
+    /// Whether a request by an owner that already holds the key adds a hold
+    /// (reentrancy; explicit owners) or is a repeat of the same request (a retry
+    /// after a lost reply, a race with a handoff; the default per-guard owners),
+    /// which must return the existing hold unchanged.
+    pub reentrant: bool,
 }
 
 impl Request {
-    /// A request; `mode` and `ttl` are validated by the [`Locker`](crate::Locker)
-    /// before a backend sees them.
+    /// A reentrant request; `mode` and `ttl` are validated by the
+    /// [`Locker`](crate::Locker) before a backend sees them.
     pub fn new(key: Key, owner: Owner, mode: Mode, ttl: Duration) -> Self {
         Request {
             key,
             owner,
             mode,
             ttl,
+            reentrant: true,
         }
+    }
+
+    /// Sets [`Request::reentrant`].
+    pub fn with_reentrant(mut self, reentrant: bool) -> Self {
+        self.reentrant = reentrant;
+        self
     }
 }
 
@@ -242,10 +254,17 @@ pub trait Backend: Send + Sync + 'static {
         self.name().to_string()
     }
 
+    /// The default TTL the backend's configuration asks for (a `ttl=` URL
+    /// option), if any; a [`Locker`](crate::Locker) on this backend uses it.
+    fn default_ttl(&self) -> Option<Duration> {
+        None
+    }
+
     /// One attempt: grant the lock now or return `None` if it is busy.
     ///
-    /// The same owner asking again in the same mode is reentrant where
-    /// [`Capabilities::reentrant`] holds: the hold count rises and the token stays.
+    /// The same owner asking again in the same mode gets its existing hold: with
+    /// [`Request::reentrant`] (and [`Capabilities::reentrant`]) the hold count
+    /// rises and the token stays; without it nothing changes (an idempotent retry).
     async fn try_acquire(&self, req: &Request) -> Result<Option<Grant>>;
 
     /// Renews many leases in one round trip (the watchdog's batch). Returns one

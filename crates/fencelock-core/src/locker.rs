@@ -97,7 +97,11 @@ impl Locker {
 
     /// A locker on a shared backend.
     pub fn from_arc(backend: Arc<dyn Backend>) -> Self {
-        Locker::with_options(backend, DEFAULT_TTL)
+        let ttl = backend
+            .default_ttl()
+            .filter(|t| *t >= MIN_TTL)
+            .unwrap_or(DEFAULT_TTL);
+        Locker::with_options(backend, ttl)
     }
 
     /// A locker whose holds last `default_ttl` unless a builder says otherwise.
@@ -277,9 +281,10 @@ impl LockOptions {
             return Err(Error::config("max_hold must be positive"));
         }
         self.mode.validate()?;
-        let owner = match &self.owner {
-            Some(o) => Owner::new(o)?,
-            None => locker.default_owner(),
+        // Default owners are unique per guard, so a repeat can only be a retry.
+        let (owner, reentrant) = match &self.owner {
+            Some(o) => (Owner::new(o)?, true),
+            None => (locker.default_owner(), false),
         };
         let caps = locker.capabilities();
         if !caps.supports(self.mode) {
@@ -288,7 +293,7 @@ impl LockOptions {
                 format!("{} locks", self.mode),
             ));
         }
-        Ok(Request::new(key, owner, self.mode, ttl))
+        Ok(Request::new(key, owner, self.mode, ttl).with_reentrant(reentrant))
     }
 
     pub(crate) fn deadline(&self, start: Instant) -> Option<Instant> {

@@ -119,7 +119,9 @@ impl MemoryBackend {
         match admission {
             Admission::Reenter { index } => {
                 let h = &mut slot.holders[index];
-                h.holds += 1;
+                if req.reentrant {
+                    h.holds += 1;
+                }
                 h.expires_at = h.expires_at.max(expires_at);
                 Ok(Some(Grant::new(
                     Some(FencingToken::new(h.token)),

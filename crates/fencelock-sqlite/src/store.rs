@@ -166,13 +166,14 @@ pub(crate) fn try_acquire(
     let granted = match admission {
         Admission::Reenter { index } => {
             let row = &rows[index];
+            let add = u32::from(req.reentrant);
             tx.prepare_cached(
-                "UPDATE fencelock_holders SET holds = holds + 1, expires_at = max(expires_at, ?3)
+                "UPDATE fencelock_holders SET holds = holds + ?4, expires_at = max(expires_at, ?3)
                  WHERE key = ?1 AND owner = ?2",
             )
-            .and_then(|mut s| s.execute(params![key, req.owner.as_str(), expires_at]))
+            .and_then(|mut s| s.execute(params![key, req.owner.as_str(), expires_at, add]))
             .map_err(db_err)?;
-            Some((FencingToken::new(row.token), row.holds.saturating_add(1)))
+            Some((FencingToken::new(row.token), row.holds.saturating_add(add)))
         }
         Admission::Grant => {
             let fence: i64 = tx

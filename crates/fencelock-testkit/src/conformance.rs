@@ -270,6 +270,7 @@ fn all_cases() -> Vec<Case> {
         dropped_guard_is_released: always,
         tokens_increase_across_holders: needs_fencing,
         reentrant_holds_count: needs_reentrant,
+        repeated_request_is_idempotent: always,
         readers_coexist_and_exclude_writers: needs_shared,
         semaphore_admits_exactly_n: needs_semaphore,
         ttl_frees_a_leaked_guard: needs_ttl,
@@ -612,6 +613,52 @@ async fn reentrant_holds_count(cx: &Ctx) -> CaseResult {
     g2.release().await?;
     let g3 = b.lock(&key).try_acquire().await?;
     ensure!(g3.is_some(), "still held after both releases");
+    Ok(())
+}
+
+async fn repeated_request_is_idempotent(cx: &Ctx) -> CaseResult {
+    let (a, b) = (cx.locker().await?, cx.locker().await?);
+    let key = Key::new(cx.key("k"))?;
+    // What a retry after a lost reply sends: the same default-owner request again.
+    let req = fencelock_core::Request::new(
+        key.clone(),
+        Owner::new("retrying-owner")?,
+        Mode::Exclusive,
+        cx.ttl,
+    )
+    .with_reentrant(false);
+    let first = a
+        .backend()
+        .try_acquire(&req)
+        .await?
+        .ok_or_else(|| Fail("free lock refused".into()))?;
+    let again = a
+        .backend()
+        .try_acquire(&req)
+        .await?
+        .ok_or_else(|| Fail("a repeated request was refused".into()))?;
+    ensure!(
+        first.token == again.token,
+        "a repeated request got a new token: {:?} → {:?}",
+        first.token,
+        again.token
+    );
+    ensure!(
+        again.holds == 1,
+        "a repeated request added a hold ({} holds)",
+        again.holds
+    );
+    let lease = fencelock_core::LeaseRef::new(&req, &first);
+    let released = a.backend().release(&lease).await?;
+    ensure!(
+        released.remaining == 0,
+        "one release left {} holds",
+        released.remaining
+    );
+    ensure!(
+        b.lock(key.as_str()).try_acquire().await?.is_some(),
+        "still held after the one release"
+    );
     Ok(())
 }
 
