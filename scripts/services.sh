@@ -3,8 +3,7 @@
 # one from Debian packages. Idempotent: a service that already answers is left
 # alone. `scripts/services.sh stop` stops what this script started.
 #
-# Today's backends (memory, SQLite) need no server; each backend issue adds its
-# own `start_<service>` function and a line in `main` below.
+# Each backend adds its own `start_<service>` function and a line in `main`.
 set -euo pipefail
 
 STATE_DIR=${FENCELOCK_SERVICES_DIR:-/tmp/fencelock-services}
@@ -41,6 +40,59 @@ wait_port() {
 # say SERVICE ADDRESS STATUS: the one line per service.
 say() { printf '%-22s %-32s %s\n' "$1" "$2" "$3"; }
 
+# start_redis_server PORT [ARGS…]: a throw-away redis-server on loopback, no persistence.
+start_redis_server() {
+    local port=$1
+    shift
+    local dir="$STATE_DIR/redis-$port"
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    redis-server --bind 127.0.0.1 --port "$port" --save "" --appendonly no --dir "$dir" \
+        --daemonize yes --pidfile "$STATE_DIR/redis-$port.pid" --logfile "$dir/redis.log" "$@"
+}
+
+start_redis() {
+    if port_open 6379; then
+        say redis 127.0.0.1:6379 "already running"
+        return
+    fi
+    ensure_pkg redis-server redis-server
+    start_redis_server 6379
+    wait_port redis 6379
+    say redis 127.0.0.1:6379 started
+}
+
+cluster_ok() {
+    redis-cli -p 7101 cluster info 2>/dev/null | grep -q 'cluster_state:ok'
+}
+
+start_redis_cluster() {
+    if cluster_ok; then
+        say "redis cluster" "127.0.0.1:7101-7103" "already running"
+        return
+    fi
+    ensure_pkg redis-server redis-server
+    ensure_pkg redis-tools redis-cli
+    local port
+    for port in 7101 7102 7103; do
+        redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
+    done
+    for port in 7101 7102 7103; do
+        start_redis_server "$port" --cluster-enabled yes --cluster-config-file nodes.conf \
+            --cluster-node-timeout 2000
+        wait_port "redis cluster node" "$port"
+    done
+    redis-cli --cluster create 127.0.0.1:7101 127.0.0.1:7102 127.0.0.1:7103 \
+        --cluster-replicas 0 --cluster-yes >"$STATE_DIR/redis-cluster-create.log" 2>&1
+    local i
+    for ((i = 0; i < 100; i++)); do
+        cluster_ok && break
+        sleep 0.1
+    done
+    cluster_ok || { echo "services: redis cluster did not reach cluster_state:ok" >&2; return 1; }
+    say "redis cluster" "127.0.0.1:7101-7103" started
+}
+
 stop_all() {
     local f
     for f in "$STATE_DIR"/*.pid; do
@@ -58,6 +110,8 @@ main() {
     fi
     say "sqlite (embedded)" "file" "no server needed"
     say "memory" "in process" "no server needed"
+    start_redis
+    start_redis_cluster
 }
 
 main "$@"

@@ -284,6 +284,26 @@ pub trait Backend: Send + Sync + 'static {
     /// [`Error::NotHeld`] if the owner does not hold the key (then nothing changed).
     async fn release(&self, lease: &LeaseRef) -> Result<Released>;
 
+    /// Gives one hold back and, if that lets an exclusive lock go, grants it to
+    /// `next` in the same atomic step (a handoff to the next waiter of the same
+    /// process: one round trip, and nobody else can slip in between). Returns the
+    /// grant if the lock was handed over.
+    ///
+    /// The provided version releases and hands nothing over; backends that can do
+    /// both in one step override it.
+    ///
+    /// # Errors
+    ///
+    /// As [`Backend::release`].
+    async fn release_to(
+        &self,
+        lease: &LeaseRef,
+        next: &Request,
+    ) -> Result<(Released, Option<Grant>)> {
+        let _ = next;
+        Ok((self.release(lease).await?, None))
+    }
+
     /// Acquires, waiting until `deadline` (`None`: forever). Returns `None` when
     /// the deadline passed first.
     ///

@@ -14,7 +14,7 @@ use crate::key::{Key, Owner};
 use crate::locker::Shared;
 use crate::mode::Mode;
 use crate::token::FencingToken;
-use crate::watchdog::Command;
+use crate::watchdog::DropRelease;
 
 /// Why a lease was lost.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -369,12 +369,7 @@ impl Guard {
             backend = self.shared.backend.name(),
             hold_ms = hold.as_millis() as u64,
         );
-        let result = self
-            .shared
-            .backend
-            .release(&self.lease_ref)
-            .instrument(span)
-            .await;
+        let result = self.release_or_hand_off().instrument(span).await;
         match &result {
             Ok(r) => {
                 tracing::debug!(key = %self.lease_ref.key, remaining = r.remaining, hold_ms = hold.as_millis() as u64, "released")
@@ -393,9 +388,38 @@ impl Guard {
         self.lease_ref.clone()
     }
 
+    /// Releases, handing an exclusive lock straight to this locker's next waiter
+    /// for the key when one waits (see `local_queue`).
+    async fn release_or_hand_off(&self) -> Result<crate::backend::Released> {
+        let queues = &self.shared.queues;
+        let offer = match self.lease_ref.mode {
+            Mode::Exclusive => queues.take_offer(&self.lease_ref.key),
+            _ => None,
+        };
+        let Some(offer) = offer else {
+            queues.released_plainly(&self.lease_ref.key);
+            return self.shared.backend.release(&self.lease_ref).await;
+        };
+        match self
+            .shared
+            .backend
+            .release_to(&self.lease_ref, offer.request())
+            .await
+        {
+            Ok((released, grant)) => {
+                offer.complete(grant);
+                Ok(released)
+            }
+            Err(e) => {
+                offer.complete(None);
+                Err(e)
+            }
+        }
+    }
+
     fn stop_renewing(&self) {
         if let Some(id) = self.watchdog_id {
-            let _ = self.shared.commands.send(Command::Unregister { id });
+            self.shared.watchdog.unregister(id);
         }
     }
 }
@@ -406,11 +430,9 @@ impl Drop for Guard {
             return;
         }
         mark_lost(&self.lease.state, LostReason::Released);
+        self.stop_renewing();
         // Non-blocking: the Locker's background task performs the release.
-        let _ = self.shared.commands.send(Command::Release {
-            id: self.watchdog_id,
-            lease: self.lease_ref.clone(),
-        });
+        let _ = self.shared.drops.send(DropRelease(self.lease_ref.clone()));
     }
 }
 

@@ -14,10 +14,10 @@ use crate::capabilities::Capabilities;
 use crate::error::{Error, Result};
 use crate::guard::{Guard, Lease, LeaseState, LostReason, validity_deadline};
 use crate::key::{Key, Owner};
-use crate::local_queue::LocalQueues;
+use crate::local_queue::{LocalQueues, Offer};
 use crate::mode::Mode;
 use crate::multi::MultiLockBuilder;
-use crate::watchdog::{self, Command, Registration};
+use crate::watchdog::{self, DropRelease, Registration, Watchdog};
 
 /// The TTL of a hold unless the builder says otherwise (Redisson's 30 s).
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
@@ -28,9 +28,11 @@ pub const MIN_TTL: Duration = Duration::from_millis(10);
 /// State shared by a [`Locker`], its clones and its guards.
 pub(crate) struct Shared {
     pub(crate) backend: Arc<dyn Backend>,
-    pub(crate) commands: mpsc::UnboundedSender<Command>,
+    pub(crate) watchdog: Arc<Watchdog>,
+    /// Releases queued by dropped guards, performed by the watchdog task.
+    pub(crate) drops: mpsc::UnboundedSender<DropRelease>,
     /// The watchdog's receiver until the watchdog task is started.
-    worker: Mutex<Option<mpsc::UnboundedReceiver<Command>>>,
+    worker: Mutex<Option<mpsc::UnboundedReceiver<DropRelease>>>,
     id: String,
     next_id: AtomicU64,
     default_ttl: Duration,
@@ -47,7 +49,11 @@ impl Shared {
         if let Ok(handle) = tokio::runtime::Handle::try_current()
             && let Some(rx) = slot.take()
         {
-            handle.spawn(watchdog::run(self.backend.clone(), rx));
+            handle.spawn(watchdog::run(
+                self.backend.clone(),
+                self.watchdog.clone(),
+                rx,
+            ));
         }
     }
 
@@ -116,7 +122,8 @@ impl Locker {
         Locker {
             shared: Arc::new(Shared {
                 backend,
-                commands: tx,
+                watchdog: Arc::default(),
+                drops: tx,
                 worker: Mutex::new(Some(rx)),
                 id,
                 next_id: AtomicU64::new(1),
@@ -207,13 +214,15 @@ impl Locker {
         let watchdog_id = if opts.renew {
             self.shared.ensure_worker();
             let id = self.shared.next_id();
-            let _ = self.shared.commands.send(Command::Register(Registration {
+            self.shared.watchdog.register(
                 id,
-                lease: lease_ref.clone(),
-                state: state.clone(),
-                next_renew: grant.requested_at + grant.ttl / 3,
-                stop_at: opts.max_hold.map(|m| grant.requested_at + m),
-            }));
+                Registration {
+                    lease: lease_ref.clone(),
+                    state: state.clone(),
+                    next_renew: grant.requested_at + grant.ttl / 3,
+                    stop_at: opts.max_hold.map(|m| grant.requested_at + m),
+                },
+            );
             Some(id)
         } else {
             self.shared.ensure_worker();
@@ -520,26 +529,58 @@ pub(crate) async fn acquire_one(
         key: req.key.to_string(),
         waited: start.elapsed(),
     };
-    // Line up behind this locker's other waiters for the key (see local_queue).
-    let _turn = if req.mode == Mode::Exclusive && opts.owner.is_none() {
-        Some(
-            locker
-                .shared
-                .queues
-                .turn(&req.key, deadline)
-                .await
-                .ok_or_else(timeout)?,
-        )
-    } else {
-        None
-    };
     let backend = &locker.shared.backend;
     let span = acquire_span(backend.as_ref(), req);
-    match backend.acquire(req, deadline).instrument(span).await? {
+    // Exclusive requests of default owners line up behind this locker's other
+    // waiters for the key, and the head accepts handoffs (see local_queue).
+    let lined = req.mode == Mode::Exclusive && opts.owner.is_none();
+    let grant = if lined {
+        let turn = locker
+            .shared
+            .queues
+            .turn(&req.key, deadline)
+            .await
+            .ok_or_else(timeout)?;
+        let offer = turn.offer(req, backend);
+        let mut abandon = AbandonOnDrop(Some(&offer));
+        let outcome = tokio::select! {
+            biased;
+            g = offer.delivered() => Ok(Some(g)),
+            r = backend.acquire(req, deadline).instrument(span) => r,
+        };
+        abandon.0 = None;
+        match outcome {
+            Ok(Some(g)) => {
+                offer.head_done();
+                Some(g)
+            }
+            // Gave up: a handoff may have arrived meanwhile; take it.
+            Ok(None) => offer.abandon(),
+            Err(e) => match offer.abandon() {
+                Some(g) => Some(g),
+                None => return Err(e),
+            },
+        }
+    } else {
+        backend.acquire(req, deadline).instrument(span).await?
+    };
+    match grant {
         Some(grant) => {
             log_grant(req, &grant, start.elapsed());
             Ok(locker.guard_for(req, grant, opts))
         }
         None => Err(timeout()),
+    }
+}
+
+/// Abandons an offer if the acquiring future is dropped mid-wait, so that a
+/// handoff in flight is undone (or a delivered grant released) by its releaser.
+struct AbandonOnDrop<'a>(Option<&'a Arc<Offer>>);
+
+impl Drop for AbandonOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some(offer) = self.0.take() {
+            offer.abandon_on_drop();
+        }
     }
 }

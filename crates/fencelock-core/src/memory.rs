@@ -150,6 +150,44 @@ impl MemoryBackend {
         }
     }
 
+    /// Releases one hold; if that frees the key and `next` asks for it, grants
+    /// it to `next` under the same lock.
+    fn release_locked(
+        &self,
+        lease: &LeaseRef,
+        next: Option<&Request>,
+    ) -> Result<(Released, Option<Grant>)> {
+        let mut slots = self.lock_slots();
+        let now = Instant::now();
+        let not_held = || Error::NotHeld {
+            key: lease.key.to_string(),
+            owner: lease.owner.to_string(),
+        };
+        let slot = slots.get_mut(&lease.key).ok_or_else(not_held)?;
+        if slot.purge(now) {
+            slot.notify.notify_waiters();
+        }
+        let index = slot
+            .holders
+            .iter()
+            .position(|h| h.owner == lease.owner)
+            .ok_or_else(not_held)?;
+        let h = &mut slot.holders[index];
+        h.holds -= 1;
+        let remaining = h.holds;
+        if remaining > 0 {
+            return Ok((Released::new(remaining), None));
+        }
+        slot.holders.swap_remove(index);
+        if let Some(next) = next.filter(|n| n.key == lease.key && slot.holders.is_empty())
+            && let Some(grant) = MemoryBackend::try_grant(slot, next, now)?
+        {
+            return Ok((Released::new(0), Some(grant)));
+        }
+        slot.notify.notify_waiters();
+        Ok((Released::new(0), None))
+    }
+
     fn info(key: &Key, slot: &Slot, now: Instant) -> LockInfo {
         let holders = slot
             .holders
@@ -281,29 +319,15 @@ impl Backend for MemoryBackend {
     }
 
     async fn release(&self, lease: &LeaseRef) -> Result<Released> {
-        let mut slots = self.lock_slots();
-        let now = Instant::now();
-        let not_held = || Error::NotHeld {
-            key: lease.key.to_string(),
-            owner: lease.owner.to_string(),
-        };
-        let slot = slots.get_mut(&lease.key).ok_or_else(not_held)?;
-        if slot.purge(now) {
-            slot.notify.notify_waiters();
-        }
-        let index = slot
-            .holders
-            .iter()
-            .position(|h| h.owner == lease.owner)
-            .ok_or_else(not_held)?;
-        let h = &mut slot.holders[index];
-        h.holds -= 1;
-        let remaining = h.holds;
-        if remaining == 0 {
-            slot.holders.swap_remove(index);
-            slot.notify.notify_waiters();
-        }
-        Ok(Released::new(remaining))
+        Ok(self.release_locked(lease, None)?.0)
+    }
+
+    async fn release_to(
+        &self,
+        lease: &LeaseRef,
+        next: &Request,
+    ) -> Result<(Released, Option<Grant>)> {
+        self.release_locked(lease, Some(next))
     }
 
     async fn inspect(&self, key: &Key) -> Result<Option<LockInfo>> {

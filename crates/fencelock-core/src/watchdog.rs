@@ -1,11 +1,16 @@
 //! The watchdog: one task per [`Locker`](crate::Locker) that renews every live
 //! guard with one batched [`Backend::renew`] call per tick, marks leases lost,
 //! and performs the releases queued by dropped guards.
+//!
+//! Guards register and unregister in a shared registry without waking the task
+//! (the hot path of an acquire/release cycle stays on the caller's thread); the
+//! task is woken only when a new hold is due before its next planned tick.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -15,22 +20,17 @@ use crate::guard::{
     LeaseState, LostReason, StateCell, expire_if_due, mark_lost, validity_deadline,
 };
 
-/// Messages from guards to the watchdog task.
-pub(crate) enum Command {
-    /// Renew this hold until told otherwise.
-    Register(Registration),
-    /// Stop renewing (the guard was released or leaked).
-    Unregister { id: u64 },
-    /// Stop renewing and release on the guard's behalf (it was dropped).
-    Release { id: Option<u64>, lease: LeaseRef },
-}
+/// The task wakes at least this often, even with nothing to renew.
+const IDLE_TICK: Duration = Duration::from_secs(1);
+
+/// A release queued by a dropped guard.
+pub(crate) struct DropRelease(pub(crate) LeaseRef);
 
 /// One hold to keep alive.
 pub(crate) struct Registration {
-    pub(crate) id: u64,
     pub(crate) lease: LeaseRef,
     pub(crate) state: StateCell,
-    /// When the first renewal is due.
+    /// When the next renewal is due.
     pub(crate) next_renew: Instant,
     /// `max_hold`: stop renewing from this instant on.
     pub(crate) stop_at: Option<Instant>,
@@ -51,7 +51,44 @@ impl Registration {
     }
 }
 
-/// How early a renewal may be pulled forward so that it joins a batch.
+#[derive(Default)]
+struct State {
+    entries: HashMap<u64, Registration>,
+    /// When the task plans to wake next.
+    scheduled: Option<Instant>,
+}
+
+/// The registry shared by a locker's guards and its watchdog task.
+#[derive(Default)]
+pub(crate) struct Watchdog {
+    state: Mutex<State>,
+    wake: Notify,
+}
+
+impl Watchdog {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts renewing a hold.
+    pub(crate) fn register(&self, id: u64, reg: Registration) {
+        let due = reg.next_wake(Instant::now());
+        let mut s = self.lock();
+        s.entries.insert(id, reg);
+        if s.scheduled.is_none_or(|t| due < t) {
+            s.scheduled = Some(due);
+            drop(s);
+            self.wake.notify_one();
+        }
+    }
+
+    /// Stops renewing a hold (released, leaked or dropped).
+    pub(crate) fn unregister(&self, id: u64) {
+        self.lock().entries.remove(&id);
+    }
+}
+
+/// Batches pull renewals forward by up to this much.
 fn batch_window(ttl: Duration) -> Duration {
     ttl / 10
 }
@@ -61,88 +98,85 @@ fn retry_delay(ttl: Duration) -> Duration {
     (ttl / 10).max(Duration::from_millis(5))
 }
 
-pub(crate) async fn run(backend: Arc<dyn Backend>, mut commands: UnboundedReceiver<Command>) {
-    let mut entries: HashMap<u64, Registration> = HashMap::new();
+pub(crate) async fn run(
+    backend: Arc<dyn Backend>,
+    watchdog: Arc<Watchdog>,
+    mut releases: UnboundedReceiver<DropRelease>,
+) {
     loop {
         let now = Instant::now();
-        let next = entries.values().map(|e| e.next_wake(now)).min();
+        let next = {
+            let mut s = watchdog.lock();
+            let next = s
+                .entries
+                .values()
+                .map(|e| e.next_wake(now))
+                .min()
+                .unwrap_or(now + IDLE_TICK)
+                .min(now + IDLE_TICK);
+            s.scheduled = Some(next);
+            next
+        };
         tokio::select! {
             biased;
-            cmd = commands.recv() => match cmd {
+            r = releases.recv() => match r {
+                // Every sender (the locker and its guards) is gone.
                 None => break,
-                Some(cmd) => handle(cmd, &mut entries, &backend),
+                Some(DropRelease(lease)) => {
+                    let backend = backend.clone();
+                    tokio::spawn(async move {
+                        match backend.release(&lease).await {
+                            Ok(_) => tracing::debug!(key = %lease.key, "dropped guard released"),
+                            Err(e) => tracing::debug!(key = %lease.key, error = %e, "best-effort release of a dropped guard failed; the hold expires after its TTL"),
+                        }
+                    });
+                }
             },
-            _ = sleep_until_opt(next) => tick(&backend, &mut entries).await,
+            _ = watchdog.wake.notified() => {}
+            _ = tokio::time::sleep_until(next) => tick(&backend, &watchdog).await,
         }
     }
     tracing::trace!(backend = backend.name(), "watchdog stopped");
 }
 
-async fn sleep_until_opt(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
-fn handle(cmd: Command, entries: &mut HashMap<u64, Registration>, backend: &Arc<dyn Backend>) {
-    match cmd {
-        Command::Register(reg) => {
-            entries.insert(reg.id, reg);
-        }
-        Command::Unregister { id } => {
-            entries.remove(&id);
-        }
-        Command::Release { id, lease } => {
-            if let Some(id) = id {
-                entries.remove(&id);
-            }
-            let backend = backend.clone();
-            tokio::spawn(async move {
-                match backend.release(&lease).await {
-                    Ok(_) => tracing::debug!(key = %lease.key, "dropped guard released"),
-                    Err(e) => {
-                        tracing::debug!(key = %lease.key, error = %e, "best-effort release of a dropped guard failed; the hold expires after its TTL")
-                    }
-                }
-            });
-        }
-    }
-}
-
-async fn tick(backend: &Arc<dyn Backend>, entries: &mut HashMap<u64, Registration>) {
+async fn tick(backend: &Arc<dyn Backend>, watchdog: &Watchdog) {
     let now = Instant::now();
-    // Forget holds that are gone; mark those whose deadline passed.
-    entries.retain(|_, e| {
-        if expire_if_due(&e.state, now) {
-            let reason = e.state.borrow().lost.clone();
-            tracing::warn!(key = %e.lease.key, backend = backend.name(), reason = ?reason, "lease lost");
+    let (due, leases, limit) = {
+        let mut s = watchdog.lock();
+        // Forget holds that are gone; mark those whose deadline passed.
+        s.entries.retain(|_, e| {
+            if expire_if_due(&e.state, now) {
+                let reason = e.state.borrow().lost.clone();
+                tracing::warn!(key = %e.lease.key, backend = backend.name(), reason = ?reason, "lease lost");
+            }
+            e.state.borrow().lost.is_none()
+        });
+        for e in s.entries.values() {
+            if !e.renewing(now) {
+                e.state.send_if_modified(|st: &mut LeaseState| {
+                    let changed = st.on_expiry != LostReason::MaxHold;
+                    st.on_expiry = LostReason::MaxHold;
+                    changed
+                });
+            }
         }
-        e.state.borrow().lost.is_none()
-    });
-    for e in entries.values() {
-        if !e.renewing(now) {
-            e.state.send_if_modified(|s: &mut LeaseState| {
-                let changed = s.on_expiry != LostReason::MaxHold;
-                s.on_expiry = LostReason::MaxHold;
-                changed
-            });
-        }
-    }
-    let due: Vec<u64> = entries
-        .iter()
-        .filter(|(_, e)| e.renewing(now) && e.next_renew <= now + batch_window(e.lease.ttl))
-        .map(|(id, _)| *id)
-        .collect();
+        let due: Vec<u64> = s
+            .entries
+            .iter()
+            .filter(|(_, e)| e.renewing(now) && e.next_renew <= now + batch_window(e.lease.ttl))
+            .map(|(id, _)| *id)
+            .collect();
+        let leases: Vec<LeaseRef> = due.iter().map(|id| s.entries[id].lease.clone()).collect();
+        let limit = due
+            .iter()
+            .map(|id| s.entries[id].state.borrow().deadline)
+            .min()
+            .unwrap_or(now);
+        (due, leases, limit)
+    };
     if due.is_empty() {
         return;
     }
-    let leases: Vec<LeaseRef> = due.iter().map(|id| entries[id].lease.clone()).collect();
-    let limit = due
-        .iter()
-        .map(|id| entries[id].state.borrow().deadline)
-        .min()
-        .unwrap_or(now);
     let started = Instant::now();
     let span = tracing::debug_span!(
         "fencelock.renew",
@@ -160,33 +194,35 @@ async fn tick(backend: &Arc<dyn Backend>, entries: &mut HashMap<u64, Registratio
             Ok(Err(e)) => Err(e.to_string()),
             Err(_) => Err("renewal timed out".to_string()),
         };
+    let mut s = watchdog.lock();
     match outcome {
         Ok(renewals) => {
             for (id, renewal) in due.iter().zip(renewals) {
-                let Some(e) = entries.get_mut(id) else {
+                // Released while the renewal was in flight: nothing to update.
+                let Some(e) = s.entries.get_mut(id) else {
                     continue;
                 };
                 match renewal {
                     Renewal::Held { ttl } => {
                         let deadline = validity_deadline(started, ttl);
-                        let updated = e.state.send_if_modified(|s| {
-                            if s.lost.is_some() {
+                        let updated = e.state.send_if_modified(|st| {
+                            if st.lost.is_some() {
                                 return false;
                             }
-                            s.deadline = deadline;
-                            s.on_expiry = LostReason::Expired;
+                            st.deadline = deadline;
+                            st.on_expiry = LostReason::Expired;
                             true
                         });
                         if updated {
                             e.next_renew = started + ttl / 3;
                         } else {
-                            entries.remove(id);
+                            s.entries.remove(id);
                         }
                     }
                     Renewal::Lost { reason } => {
                         tracing::warn!(key = %e.lease.key, backend = backend.name(), %reason, "lease lost: the backend no longer holds it");
                         mark_lost(&e.state, LostReason::NotHeld(reason));
-                        entries.remove(id);
+                        s.entries.remove(id);
                     }
                 }
             }
@@ -195,9 +231,9 @@ async fn tick(backend: &Arc<dyn Backend>, entries: &mut HashMap<u64, Registratio
             tracing::debug!(backend = backend.name(), error = %msg, "renewal failed; retrying until the deadline");
             let retry_at = Instant::now();
             for id in &due {
-                if let Some(e) = entries.get_mut(id) {
+                if let Some(e) = s.entries.get_mut(id) {
                     e.state
-                        .send_modify(|s| s.on_expiry = LostReason::RenewFailed(msg.clone()));
+                        .send_modify(|st| st.on_expiry = LostReason::RenewFailed(msg.clone()));
                     e.next_renew = retry_at + retry_delay(e.lease.ttl);
                 }
             }

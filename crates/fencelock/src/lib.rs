@@ -9,6 +9,7 @@
 //! |---|---|---|
 //! | `memory://[name]` | this process's memory | always |
 //! | `sqlite://PATH` (`sqlite://` = default file) | a SQLite file shared by the machine's processes | `sqlite` (default) |
+//! | `redis://`, `rediss://`, `redis+cluster://h1:p1,h2:p2` | Redis, Redis Cluster | `redis` |
 //!
 //! # Example
 //!
@@ -41,6 +42,8 @@ pub use fencelock_core::*;
 pub mod backends {
     /// The in-memory backend (always present).
     pub use fencelock_core::MemoryBackend;
+    #[cfg(feature = "redis")]
+    pub use fencelock_redis as redis;
     #[cfg(feature = "sqlite")]
     pub use fencelock_sqlite as sqlite;
 }
@@ -52,6 +55,7 @@ const SCHEMES: &[(&str, &str, &str)] = &[
     ("redis", "redis", "redis"),
     ("rediss", "redis", "redis"),
     ("redis+cluster", "redis", "redis"),
+    ("rediss+cluster", "redis", "redis"),
     ("redlock", "redlock", "redis"),
     ("zk", "zookeeper", "zookeeper"),
     ("etcd", "etcd", "etcd"),
@@ -67,6 +71,9 @@ pub fn compiled_backends() -> Vec<&'static str> {
     let mut v = vec!["memory"];
     if cfg!(feature = "sqlite") {
         v.push("sqlite");
+    }
+    if cfg!(feature = "redis") {
+        v.push("redis");
     }
     v
 }
@@ -97,6 +104,10 @@ pub async fn connect_backend(url: &str) -> Result<Arc<dyn Backend>> {
                 return Err(Error::config("memory:// takes no options"));
             }
             Ok(Arc::new(MemoryBackend::named(rest)))
+        }
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => {
+            Ok(Arc::new(fencelock_redis::RedisBackend::connect(url).await?))
         }
         #[cfg(feature = "sqlite")]
         "sqlite" => Ok(Arc::new(

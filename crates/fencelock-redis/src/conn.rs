@@ -1,0 +1,141 @@
+//! One connection abstraction over a single Redis (a `ConnectionManager`, which
+//! reconnects) and a Redis Cluster (a cluster connection, which follows slots);
+//! both speak RESP3 so that pub/sub messages arrive on the same connection.
+
+use std::time::Duration;
+
+use fencelock_core::{Error, Result, redact_url};
+use redis::aio::ConnectionManager;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
+use redis::{
+    Cmd, FromRedisValue, IntoConnectionInfo, ProtocolVersion, PushInfo, RedisError,
+    ScriptInvocation,
+};
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::NAME;
+use crate::options::{RedisOptions, Target};
+
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+/// Maps a client error: connection trouble names the (redacted) address.
+pub(crate) fn map_err(e: RedisError, addr: &str) -> Error {
+    if e.is_io_error() || e.is_connection_refusal() || e.is_connection_dropped() || e.is_timeout() {
+        Error::connection(NAME, addr, e)
+    } else {
+        Error::backend(NAME, e)
+    }
+}
+
+impl Conn {
+    /// Connects; pub/sub messages go to `push`.
+    pub(crate) async fn open(
+        target: &Target,
+        options: &RedisOptions,
+        push: UnboundedSender<PushInfo>,
+        addr: &str,
+    ) -> Result<Conn> {
+        let err = |e: RedisError| map_err(e, addr);
+        match target {
+            Target::Single(url) => {
+                let info = url.as_str().into_connection_info().map_err(|e| {
+                    Error::config(format!("bad redis URL {}: {e}", redact_url(url)))
+                })?;
+                let settings = info
+                    .redis_settings()
+                    .clone()
+                    .set_protocol(ProtocolVersion::RESP3);
+                let client = redis::Client::open(info.set_redis_settings(settings)).map_err(err)?;
+                let config = redis::aio::ConnectionManagerConfig::new()
+                    .set_response_timeout(Some(options.response_timeout))
+                    .set_connection_timeout(Some(options.connect_timeout))
+                    .set_number_of_retries(3)
+                    .set_max_delay(Duration::from_millis(500))
+                    .set_push_sender(push)
+                    .set_automatic_resubscription();
+                let manager = ConnectionManager::new_with_config(client, config)
+                    .await
+                    .map_err(err)?;
+                Ok(Conn::Single(manager))
+            }
+            Target::Cluster(nodes) => {
+                let client = redis::cluster::ClusterClientBuilder::new(nodes.clone())
+                    .use_protocol(ProtocolVersion::RESP3)
+                    .push_sender(push)
+                    .response_timeout(options.response_timeout)
+                    .connection_timeout(options.connect_timeout)
+                    .retries(3)
+                    .build()
+                    .map_err(err)?;
+                Ok(Conn::Cluster(
+                    client.get_async_connection().await.map_err(err)?,
+                ))
+            }
+        }
+    }
+
+    /// EVALSHA, loading the script on NOSCRIPT.
+    pub(crate) async fn invoke<T: FromRedisValue>(
+        &self,
+        inv: &ScriptInvocation<'_>,
+    ) -> redis::RedisResult<T> {
+        match self {
+            Conn::Single(c) => inv.invoke_async(&mut c.clone()).await,
+            Conn::Cluster(c) => inv.invoke_async(&mut c.clone()).await,
+        }
+    }
+
+    /// A plain command.
+    pub(crate) async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> redis::RedisResult<T> {
+        match self {
+            Conn::Single(c) => cmd.query_async(&mut c.clone()).await,
+            Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+        }
+    }
+
+    /// A command sent to every primary, with array replies combined.
+    pub(crate) async fn query_all_primaries<T: FromRedisValue>(
+        &self,
+        cmd: Cmd,
+    ) -> redis::RedisResult<T> {
+        match self {
+            Conn::Single(c) => cmd.query_async(&mut c.clone()).await,
+            Conn::Cluster(c) => {
+                let v = c
+                    .clone()
+                    .route_command(
+                        cmd,
+                        RoutingInfo::MultiNode((
+                            MultipleNodeRoutingInfo::AllMasters,
+                            Some(ResponsePolicy::CombineArrays),
+                        )),
+                    )
+                    .await?;
+                T::from_redis_value(v).map_err(RedisError::from)
+            }
+        }
+    }
+
+    pub(crate) async fn subscribe(&self, channel: &str) -> redis::RedisResult<()> {
+        match self {
+            Conn::Single(c) => c.clone().subscribe(channel).await,
+            Conn::Cluster(c) => c.clone().subscribe(channel).await,
+        }
+    }
+
+    pub(crate) async fn unsubscribe(&self, channel: &str) -> redis::RedisResult<()> {
+        match self {
+            Conn::Single(c) => c.clone().unsubscribe(channel).await,
+            Conn::Cluster(c) => c.clone().unsubscribe(channel).await,
+        }
+    }
+
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self, Conn::Cluster(_))
+    }
+}

@@ -1,0 +1,250 @@
+//! Options of the Redis backend and its URL forms.
+
+use std::time::Duration;
+
+use fencelock_core::{Error, Result, redact_url};
+
+/// Options of [`RedisBackend`](crate::RedisBackend), from the URL query or a builder.
+///
+/// | URL option | default | meaning |
+/// |---|---|---|
+/// | `prefix=` | `fencelock:` | namespace of every key (no `{` or `}`) |
+/// | `ttl=` | 30 s | default TTL of holds taken through this URL |
+/// | `wait_replicas=N` | 0 | a grant counts only after N replicas acknowledged it (`WAIT`); single instance only |
+/// | `wait_timeout=` | 1 s | how long `WAIT` may take |
+/// | `timeout=` | 5 s | response timeout of every command |
+/// | `connect_timeout=` | 5 s | connection timeout |
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use fencelock_redis::RedisOptions;
+///
+/// let opts = RedisOptions::default().prefix("app:locks:").wait_replicas(1);
+/// assert_eq!(opts.prefix, "app:locks:");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedisOptions {
+    /// Namespace of every key.
+    pub prefix: String,
+    /// Default TTL of holds (a Locker on this backend uses it).
+    pub default_ttl: Option<Duration>,
+    /// Replicas that must acknowledge a grant (Redisson's `checkLockSyncedSlaves`).
+    pub wait_replicas: u32,
+    /// Bound of the `WAIT` for replicas.
+    pub wait_timeout: Duration,
+    /// Response timeout of every command.
+    pub response_timeout: Duration,
+    /// Connection timeout.
+    pub connect_timeout: Duration,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        RedisOptions {
+            prefix: "fencelock:".into(),
+            default_ttl: None,
+            wait_replicas: 0,
+            wait_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl RedisOptions {
+    /// Sets [`RedisOptions::prefix`].
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Sets [`RedisOptions::default_ttl`].
+    pub fn default_ttl(mut self, ttl: Duration) -> Self {
+        self.default_ttl = Some(ttl);
+        self
+    }
+
+    /// Sets [`RedisOptions::wait_replicas`].
+    pub fn wait_replicas(mut self, n: u32) -> Self {
+        self.wait_replicas = n;
+        self
+    }
+
+    /// Sets [`RedisOptions::wait_timeout`].
+    pub fn wait_timeout(mut self, d: Duration) -> Self {
+        self.wait_timeout = d;
+        self
+    }
+
+    /// Sets [`RedisOptions::response_timeout`].
+    pub fn response_timeout(mut self, d: Duration) -> Self {
+        self.response_timeout = d;
+        self
+    }
+
+    /// Sets [`RedisOptions::connect_timeout`].
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.connect_timeout = d;
+        self
+    }
+
+    pub(crate) fn validate(&self, cluster: bool) -> Result<()> {
+        if self.prefix.contains(['{', '}']) || self.prefix.chars().any(char::is_control) {
+            return Err(Error::config(format!(
+                "redis prefix {:?} may not contain braces or control characters (fencelock adds the {{…}} hash tag itself)",
+                self.prefix
+            )));
+        }
+        if cluster && self.wait_replicas > 0 {
+            return Err(Error::config(
+                "wait_replicas works on a single Redis instance (redis://), not on a cluster URL",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Where to connect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Target {
+    /// One server: the URL for the redis client (our options removed).
+    Single(String),
+    /// Cluster seed nodes, one URL each.
+    Cluster(Vec<String>),
+}
+
+fn duration(name: &str, v: &str) -> Result<Duration> {
+    humantime::parse_duration(v).map_err(|e| {
+        Error::config(format!(
+            "redis option {name}={v:?}: {e}; write e.g. {name}=5s"
+        ))
+    })
+}
+
+/// Splits a fencelock Redis URL into the connection target and our options.
+pub(crate) fn parse_url(url: &str) -> Result<(Target, RedisOptions)> {
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| Error::config(format!("{:?} is not a redis URL", redact_url(url))))?;
+    let (base, query) = match rest.split_once('?') {
+        Some((b, q)) => (b, q),
+        None => (rest, ""),
+    };
+    let mut options = RedisOptions::default();
+    let mut passthrough = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match k {
+            "prefix" => options.prefix = v.to_string(),
+            "ttl" => options.default_ttl = Some(duration(k, v)?),
+            "wait_replicas" => {
+                options.wait_replicas = v.parse().map_err(|_| {
+                    Error::config(format!(
+                        "redis option wait_replicas={v:?}: expected a number of replicas"
+                    ))
+                })?
+            }
+            "wait_timeout" => options.wait_timeout = duration(k, v)?,
+            "timeout" => options.response_timeout = duration(k, v)?,
+            "connect_timeout" => options.connect_timeout = duration(k, v)?,
+            // Options of the redis client itself (e.g. protocol) pass through.
+            _ => passthrough.push(pair),
+        }
+    }
+    let target = match scheme.to_ascii_lowercase().as_str() {
+        "redis" | "rediss" => {
+            let mut u = format!("{scheme}://{base}");
+            if !passthrough.is_empty() {
+                u.push('?');
+                u.push_str(&passthrough.join("&"));
+            }
+            Target::Single(u)
+        }
+        "redis+cluster" | "rediss+cluster" => {
+            let node_scheme = if scheme.starts_with("rediss") {
+                "rediss"
+            } else {
+                "redis"
+            };
+            let (auth, hosts) = match base.rfind('@') {
+                Some(at) => (&base[..=at], &base[at + 1..]),
+                None => ("", base),
+            };
+            let hosts = hosts.trim_end_matches('/');
+            if hosts.contains('/') {
+                return Err(Error::config(
+                    "a redis cluster URL has no database path (clusters have only db 0)",
+                ));
+            }
+            let nodes: Vec<String> = hosts
+                .split(',')
+                .filter(|h| !h.is_empty())
+                .map(|h| format!("{node_scheme}://{auth}{h}"))
+                .collect();
+            if nodes.is_empty() {
+                return Err(Error::config(format!(
+                    "{:?} names no cluster node; write redis+cluster://host:port,host:port",
+                    redact_url(url)
+                )));
+            }
+            Target::Cluster(nodes)
+        }
+        other => {
+            return Err(Error::config(format!(
+                "{other}:// is not a redis scheme; use redis://, rediss:// or redis+cluster://"
+            )));
+        }
+    };
+    options.validate(matches!(target, Target::Cluster(_)))?;
+    Ok((target, options))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn single_url_keeps_client_options_and_takes_ours() {
+        let (t, o) =
+            parse_url("redis://:pw@127.0.0.1:6379/2?prefix=app:&ttl=10s&protocol=resp3&timeout=2s")
+                .unwrap();
+        assert_eq!(
+            t,
+            Target::Single("redis://:pw@127.0.0.1:6379/2?protocol=resp3".into())
+        );
+        assert_eq!(o.prefix, "app:");
+        assert_eq!(o.default_ttl, Some(Duration::from_secs(10)));
+        assert_eq!(o.response_timeout, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn cluster_url_becomes_node_urls_with_credentials() {
+        let (t, _) = parse_url("redis+cluster://u:pw@h1:7101,h2:7102/").unwrap();
+        assert_eq!(
+            t,
+            Target::Cluster(vec![
+                "redis://u:pw@h1:7101".into(),
+                "redis://u:pw@h2:7102".into()
+            ])
+        );
+        let (t, _) = parse_url("rediss+cluster://h1:1").unwrap();
+        assert_eq!(t, Target::Cluster(vec!["rediss://h1:1".into()]));
+    }
+
+    #[test]
+    fn bad_options_are_named() {
+        for (url, needle) in [
+            ("redis://h?prefix=a{b}", "braces"),
+            ("redis://h?ttl=soon", "ttl"),
+            ("redis://h?wait_replicas=x", "wait_replicas"),
+            ("redis+cluster://h:1?wait_replicas=1", "single"),
+            ("redis+cluster://", "no cluster node"),
+        ] {
+            let e = parse_url(url).unwrap_err().to_string();
+            assert!(e.contains(needle), "{url}: {e}");
+        }
+    }
+}

@@ -1,0 +1,287 @@
+//! The Lua scripts: one per operation, each atomic on the server.
+//!
+//! Layout of one lock (all keys share the hash tag `{key}`, so one cluster slot;
+//! `P` is the prefix):
+//!
+//! | key | type | content |
+//! |---|---|---|
+//! | `P{key}` | string | an exclusive hold: `"<owner>\t<holds>\t<token>"`, expiring with the key (`PX`) |
+//! | `P{key}` | hash | shared or semaphore holds: `\tm` → mode; `<owner>` → `"<holds> <token>"` |
+//! | `P{key}:exp` | sorted set | shared and semaphore holders: `<owner>` → expiry (server ms), so they expire one by one |
+//! | `P{key}:fence` | string | the last token; never expires |
+//! | `P{key}:ch` | channel | `free` / `permit` when waiters may proceed |
+//! | `P{key}:latch:<id>` | string | the answer of a partial release `<id>`, for its retry |
+//!
+//! The type of `P{key}` tells the mode at a glance (`TYPE`: none, string, hash),
+//! which keeps the exclusive path — the common one — to a handful of commands.
+//! Owners cannot contain control characters, so tabs never clash.
+//!
+//! Tokens: `max(last + 1, server time in µs)`. The time floor keeps tokens rising
+//! even if the fence key is lost (Redis restarted empty, a failover to a replica
+//! that missed the last writes), provided the server clock does not step back
+//! across that event and a key sees fewer than one grant per microsecond.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// Shared prologue: server time, token minting, purge and upkeep of shared
+/// holders (who expire one by one in the sorted set).
+macro_rules! prologue {
+    () => {
+        r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function mint(F)
+  local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local token = string.format('%.0f', now_us)
+  local prev = redis.call('SET', F, token, 'GET')
+  if prev and tonumber(prev) >= now_us then
+    token = string.format('%.0f', tonumber(prev) + 1)
+    redis.call('SET', F, token)
+  end
+  return token
+end
+local function purge(H, Z)
+  local gone = redis.call('ZRANGEBYSCORE', Z, '-inf', now)
+  for i = 1, #gone do redis.call('HDEL', H, gone[i]) end
+  if #gone > 0 then redis.call('ZREMRANGEBYSCORE', Z, '-inf', now) end
+  return redis.call('ZCARD', Z)
+end
+local function keep_alive(H, Z)
+  local last = redis.call('ZRANGE', Z, -1, -1, 'WITHSCORES')
+  if last[2] then
+    local left = tonumber(last[2]) - now
+    if left < 1 then left = 1 end
+    redis.call('PEXPIRE', H, left)
+    redis.call('PEXPIRE', Z, left)
+  end
+end
+local function exclusive(v)
+  return string.match(v, '^(.*)\t(%d+)\t(%d+)$')
+end
+"
+    };
+}
+
+/// KEYS: H, Z, F. ARGV: owner, mode, ttl_ms, reentrant (1/0), permits.
+/// Returns `{1, token, holds}` granted, `{0, ms_until_first_expiry}` busy,
+/// `{-1, held_mode}` when the owner holds the key in another mode.
+pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        prologue!(),
+        r"
+local H, Z, F = KEYS[1], KEYS[2], KEYS[3]
+local owner, mode, ttl, reentrant, permits = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
+local kind = redis.call('TYPE', H)['ok']
+if kind == 'none' then
+  local token = mint(F)
+  if mode == 'exclusive' then
+    redis.call('SET', H, owner .. '\t1\t' .. token, 'PX', ttl)
+  else
+    redis.call('DEL', Z)
+    redis.call('HSET', H, '\tm', mode, owner, '1 ' .. token)
+    redis.call('ZADD', Z, now + ttl, owner)
+    keep_alive(H, Z)
+  end
+  return {1, token, 1}
+end
+if kind == 'string' then
+  local holder, holds, token = exclusive(redis.call('GET', H))
+  if holder ~= owner then return {0, redis.call('PTTL', H)} end
+  if mode ~= 'exclusive' then return {-1, 'exclusive'} end
+  holds = tonumber(holds)
+  if reentrant == '1' then
+    holds = holds + 1
+    redis.call('SET', H, owner .. '\t' .. holds .. '\t' .. token, 'KEEPTTL')
+  end
+  if redis.call('PTTL', H) < ttl then redis.call('PEXPIRE', H, ttl) end
+  return {1, token, holds}
+end
+-- Shared or semaphore holders, each with its own expiry.
+local held = redis.call('HGET', H, '\tm') or ''
+local n = purge(H, Z)
+if n == 0 then
+  redis.call('DEL', H, Z)
+  local token = mint(F)
+  if mode == 'exclusive' then
+    redis.call('SET', H, owner .. '\t1\t' .. token, 'PX', ttl)
+  else
+    redis.call('HSET', H, '\tm', mode, owner, '1 ' .. token)
+    redis.call('ZADD', Z, now + ttl, owner)
+    keep_alive(H, Z)
+  end
+  return {1, token, 1}
+end
+local mine = redis.call('HGET', H, owner)
+if mine then
+  if held ~= mode then return {-1, held} end
+  local holds, token = string.match(mine, '^(%d+) (%d+)$')
+  holds = tonumber(holds)
+  if reentrant == '1' then
+    holds = holds + 1
+    redis.call('HSET', H, owner, holds .. ' ' .. token)
+  end
+  redis.call('ZADD', Z, math.max(tonumber(redis.call('ZSCORE', Z, owner) or '0'), now + ttl), owner)
+  keep_alive(H, Z)
+  return {1, token, holds}
+end
+local ok = (mode == 'shared' and held == 'shared')
+  or (string.sub(mode, 1, 10) == 'semaphore:' and string.sub(held, 1, 10) == 'semaphore:' and n < permits)
+if not ok then
+  local first = redis.call('ZRANGE', Z, 0, 0, 'WITHSCORES')
+  return {0, tonumber(first[2]) - now}
+end
+local token = mint(F)
+redis.call('HSET', H, owner, '1 ' .. token)
+redis.call('ZADD', Z, now + ttl, owner)
+keep_alive(H, Z)
+return {1, token, 1}
+"
+    ))
+});
+
+/// KEYS: H1, Z1, H2, Z2, …  ARGV: owner1, ttl1_ms, owner2, ttl2_ms, …
+/// Returns one 1 (renewed) or 0 (not held) per lease. Never re-creates a hold.
+pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        prologue!(),
+        r"
+local out = {}
+for i = 1, #KEYS, 2 do
+  local H, Z = KEYS[i], KEYS[i + 1]
+  local owner, ttl = ARGV[i], tonumber(ARGV[i + 1])
+  local kind = redis.call('TYPE', H)['ok']
+  local ok = 0
+  if kind == 'string' then
+    if exclusive(redis.call('GET', H)) == owner then
+      redis.call('PEXPIRE', H, ttl)
+      ok = 1
+    end
+  elseif kind == 'hash' then
+    if redis.call('HEXISTS', H, owner) == 1 and tonumber(redis.call('ZSCORE', Z, owner) or '0') > now then
+      redis.call('ZADD', Z, now + ttl, owner)
+      keep_alive(H, Z)
+      ok = 1
+    end
+  end
+  out[#out + 1] = ok
+end
+return out
+"
+    ))
+});
+
+/// KEYS: H, Z, latch, F. ARGV: owner, channel, latch_ttl_ms, retry (1/0),
+/// next_owner ('' for none), next_ttl_ms.
+///
+/// Returns `{holds_left, handed_token}`: `holds_left` is -1 when the owner holds
+/// nothing, else the holds left (0: let go). When an exclusive lock is let go
+/// and `next_owner` is given, the lock passes to `next_owner` in the same step
+/// (new token, no window for anybody else) and `handed_token` is its token;
+/// otherwise `handed_token` is 0 and waiters are told on the channel.
+///
+/// A partial release (reentrant holds remain) records its answer under the
+/// latch key; a retry (after a lost reply) returns that answer instead of
+/// releasing twice, and a retry that finds the owner gone reports 0, since the
+/// first attempt let go (it never touches another owner's hold).
+pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        prologue!(),
+        r"
+local H, Z, L, F = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local owner, channel, retry, next_owner = ARGV[1], ARGV[2], ARGV[4] == '1', ARGV[5]
+if retry then
+  local prev = redis.call('GET', L)
+  if prev then return {tonumber(prev), 0} end
+end
+local kind = redis.call('TYPE', H)['ok']
+if kind == 'string' then
+  local holder, holds, token = exclusive(redis.call('GET', H))
+  if holder == owner then
+    holds = tonumber(holds) - 1
+    if holds > 0 then
+      redis.call('SET', H, owner .. '\t' .. holds .. '\t' .. token, 'KEEPTTL')
+      redis.call('SET', L, holds, 'PX', ARGV[3])
+      return {holds, 0}
+    end
+    if next_owner ~= '' then
+      local next_token = mint(F)
+      redis.call('SET', H, next_owner .. '\t1\t' .. next_token, 'PX', ARGV[6])
+      return {0, next_token}
+    end
+    redis.call('DEL', H)
+    redis.call('PUBLISH', channel, 'free')
+    return {0, 0}
+  end
+elseif kind == 'hash' then
+  local mine = redis.call('HGET', H, owner)
+  if mine and tonumber(redis.call('ZSCORE', Z, owner) or '0') > now then
+    local holds, token = string.match(mine, '^(%d+) (%d+)$')
+    holds = tonumber(holds) - 1
+    if holds > 0 then
+      redis.call('HSET', H, owner, holds .. ' ' .. token)
+      redis.call('SET', L, holds, 'PX', ARGV[3])
+      return {holds, 0}
+    end
+    redis.call('HDEL', H, owner)
+    redis.call('ZREM', Z, owner)
+    if redis.call('ZCARD', Z) == 0 then
+      redis.call('DEL', H, Z)
+      redis.call('PUBLISH', channel, 'free')
+    elseif string.sub(redis.call('HGET', H, '\tm') or '', 1, 10) == 'semaphore:' then
+      redis.call('PUBLISH', channel, 'permit')
+    end
+    return {0, 0}
+  end
+end
+if retry then return {0, 0} end
+return {-1, 0}
+"
+    ))
+});
+
+/// KEYS: H, Z, F. Returns `{now_ms, fence, kind, holders, expiries, pttl}` where
+/// `holders` is `{owner, "<holds> <token>", …}` plus `\tm` → mode for a hash,
+/// or the exclusive value for a string.
+pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local kind = redis.call('TYPE', KEYS[1])['ok']
+local holders = {}
+if kind == 'string' then
+  holders = {redis.call('GET', KEYS[1])}
+elseif kind == 'hash' then
+  holders = redis.call('HGETALL', KEYS[1])
+end
+return {now, redis.call('GET', KEYS[3]) or '', kind, holders,
+        redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. now, '+inf', 'WITHSCORES'), redis.call('PTTL', KEYS[1])}
+",
+    )
+});
+
+/// KEYS: H, Z. ARGV: channel. Deletes every hold (the fence stays) and wakes waiters.
+pub(crate) static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local n = redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('PUBLISH', ARGV[1], 'free')
+return n
+",
+    )
+});
+
+/// KEYS: resource hash. ARGV: token, value. Writes `value` and records `token`
+/// unless the resource has seen a larger token. Returns 1 written, 0 rejected.
+pub(crate) static FENCED_SET: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local seen = redis.call('HGET', KEYS[1], 'token')
+if seen and tonumber(seen) > tonumber(ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[1], 'token', ARGV[1], 'value', ARGV[2])
+return 1
+",
+    )
+});

@@ -1,0 +1,157 @@
+//! Pub/sub wake-ups: one subscriber connection per backend (the RESP3 command
+//! connection itself), channels subscribed on demand while somebody waits, and a
+//! local [`Notify`] per channel that releases of this process also poke.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use redis::{PushInfo, PushKind, Value};
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::{Mutex, Notify};
+use tokio::time::Instant;
+
+use crate::conn::Conn;
+
+/// A channel unused this long is unsubscribed.
+const LINGER: Duration = Duration::from_secs(30);
+
+struct Channel {
+    notify: Arc<Notify>,
+    watchers: usize,
+    subscribed: bool,
+    idle_since: Instant,
+}
+
+pub(crate) struct Subscriptions {
+    conn: Conn,
+    channels: Mutex<HashMap<String, Channel>>,
+}
+
+/// Interest in one channel; wakes on its messages while alive.
+pub(crate) struct Watch {
+    subs: Arc<Subscriptions>,
+    channel: String,
+    pub(crate) notify: Arc<Notify>,
+}
+
+impl Subscriptions {
+    /// Starts dispatching `pushes` and sweeping idle channels.
+    pub(crate) fn start(conn: Conn, pushes: UnboundedReceiver<PushInfo>) -> Arc<Subscriptions> {
+        let subs = Arc::new(Subscriptions {
+            conn,
+            channels: Mutex::new(HashMap::new()),
+        });
+        tokio::spawn(dispatch(Arc::downgrade(&subs), pushes));
+        subs
+    }
+
+    /// Subscribes to `channel` (if not yet) and returns a watch on it. The
+    /// subscription is confirmed when this returns, so a message published after
+    /// that is not missed.
+    pub(crate) async fn watch(self: &Arc<Self>, channel: &str) -> redis::RedisResult<Watch> {
+        let mut channels = self.channels.lock().await;
+        let entry = channels
+            .entry(channel.to_string())
+            .or_insert_with(|| Channel {
+                notify: Arc::new(Notify::new()),
+                watchers: 0,
+                subscribed: false,
+                idle_since: Instant::now(),
+            });
+        if !entry.subscribed {
+            self.conn.subscribe(channel).await?;
+            entry.subscribed = true;
+        }
+        entry.watchers += 1;
+        Ok(Watch {
+            subs: self.clone(),
+            channel: channel.to_string(),
+            notify: entry.notify.clone(),
+        })
+    }
+
+    /// Wakes this process's watchers of `channel` (after a local release).
+    pub(crate) fn poke(&self, channel: &str) {
+        if let Ok(channels) = self.channels.try_lock() {
+            if let Some(c) = channels.get(channel) {
+                c.notify.notify_waiters();
+            }
+        } else {
+            // Busy map (a subscribe in flight): the pub/sub message will arrive.
+        }
+    }
+
+    fn wake(channels: &HashMap<String, Channel>, channel: Option<&str>) {
+        match channel {
+            Some(ch) => {
+                if let Some(c) = channels.get(ch) {
+                    c.notify.notify_waiters();
+                }
+            }
+            None => channels.values().for_each(|c| c.notify.notify_waiters()),
+        }
+    }
+
+    async fn sweep(&self) {
+        let mut channels = self.channels.lock().await;
+        let idle: Vec<String> = channels
+            .iter()
+            .filter(|(_, c)| c.watchers == 0 && c.idle_since.elapsed() > LINGER)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for ch in idle {
+            if self.conn.unsubscribe(&ch).await.is_ok() {
+                channels.remove(&ch);
+            }
+        }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let subs = self.subs.clone();
+        let channel = std::mem::take(&mut self.channel);
+        // The map is a tokio mutex; update it without blocking the dropper.
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                let mut channels = subs.channels.lock().await;
+                if let Some(c) = channels.get_mut(&channel) {
+                    c.watchers = c.watchers.saturating_sub(1);
+                    c.idle_since = Instant::now();
+                }
+            });
+        }
+    }
+}
+
+fn text(v: &Value) -> Option<&str> {
+    match v {
+        Value::BulkString(b) => std::str::from_utf8(b).ok(),
+        Value::SimpleString(s) => Some(s),
+        _ => None,
+    }
+}
+
+async fn dispatch(subs: Weak<Subscriptions>, mut pushes: UnboundedReceiver<PushInfo>) {
+    let mut sweep = tokio::time::interval(LINGER / 3);
+    loop {
+        tokio::select! {
+            push = pushes.recv() => {
+                let Some(push) = push else { return };
+                let Some(subs) = subs.upgrade() else { return };
+                let channels = subs.channels.lock().await;
+                match push.kind {
+                    PushKind::Message => Subscriptions::wake(&channels, push.data.first().and_then(text)),
+                    // After a reconnect every waiter re-checks (messages may be lost).
+                    PushKind::Disconnection => Subscriptions::wake(&channels, None),
+                    _ => {}
+                }
+            }
+            _ = sweep.tick() => {
+                let Some(subs) = subs.upgrade() else { return };
+                subs.sweep().await;
+            }
+        }
+    }
+}

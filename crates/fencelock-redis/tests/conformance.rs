@@ -1,0 +1,51 @@
+//! The Redis backend against the conformance suite, on the shared test servers
+//! (scripts/services.sh): a single Redis on 6379 and a 3-master cluster on 7101–7103.
+
+use std::sync::Arc;
+
+use fencelock_core::{Backend, Key, Result, async_trait};
+use fencelock_redis::RedisBackend;
+use fencelock_testkit::{Harness, run_conformance};
+
+pub const SINGLE: &str = "redis://127.0.0.1:6379";
+pub const CLUSTER: &str = "redis+cluster://127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103";
+
+struct Redis {
+    url: &'static str,
+}
+
+#[async_trait]
+impl Harness for Redis {
+    async fn backend(&self) -> Result<Arc<dyn Backend>> {
+        Ok(Arc::new(RedisBackend::connect(self.url).await?))
+    }
+
+    async fn steal(&self, key: &Key) -> Result<()> {
+        RedisBackend::connect(self.url)
+            .await?
+            .force_release(key)
+            .await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_redis_passes_the_conformance_suite() {
+    let report = run_conformance("redis", Redis { url: SINGLE }).await;
+    report.assert_passed();
+    assert!(
+        report.skipped().is_empty(),
+        "skipped: {:?}",
+        report.skipped()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_passes_the_conformance_suite() {
+    let report = run_conformance("redis-cluster", Redis { url: CLUSTER }).await;
+    report.assert_passed();
+    assert!(
+        report.skipped().is_empty(),
+        "skipped: {:?}",
+        report.skipped()
+    );
+}
