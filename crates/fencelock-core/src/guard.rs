@@ -11,6 +11,7 @@ use tracing::Instrument;
 use crate::backend::LeaseRef;
 use crate::error::{Error, Result};
 use crate::key::{Key, Owner};
+use crate::local_queue::LineHold;
 use crate::locker::Shared;
 use crate::mode::Mode;
 use crate::token::FencingToken;
@@ -262,6 +263,8 @@ pub struct Guard {
     holds: u32,
     /// Watchdog registration id; `None` for fixed leases.
     watchdog_id: Option<u64>,
+    /// Marks this guard as a local holder of its key's line (lined acquires).
+    line_hold: Option<LineHold>,
     acquired_at: Instant,
     done: bool,
 }
@@ -281,9 +284,14 @@ impl Guard {
             lease,
             holds,
             watchdog_id,
+            line_hold: None,
             acquired_at: Instant::now(),
             done: false,
         }
+    }
+
+    pub(crate) fn set_line_hold(&mut self, hold: Option<LineHold>) {
+        self.line_hold = hold;
     }
 
     /// The lock's key.
@@ -370,6 +378,12 @@ impl Guard {
             hold_ms = hold.as_millis() as u64,
         );
         let result = self.release_or_hand_off().instrument(span).await;
+        let result = result.map(|(released, handed_on)| {
+            if handed_on && let Some(hold) = self.line_hold.take() {
+                hold.hand_on();
+            }
+            released
+        });
         match &result {
             Ok(r) => {
                 tracing::debug!(key = %self.lease_ref.key, remaining = r.remaining, hold_ms = hold.as_millis() as u64, "released")
@@ -390,7 +404,7 @@ impl Guard {
 
     /// Releases, handing an exclusive lock straight to this locker's next waiter
     /// for the key when one waits (see `local_queue`).
-    async fn release_or_hand_off(&self) -> Result<crate::backend::Released> {
+    async fn release_or_hand_off(&self) -> Result<(crate::backend::Released, bool)> {
         let queues = &self.shared.queues;
         let offer = match self.lease_ref.mode {
             Mode::Exclusive => queues.take_offer(&self.lease_ref.key),
@@ -398,7 +412,7 @@ impl Guard {
         };
         let Some(offer) = offer else {
             queues.released_plainly(&self.lease_ref.key);
-            return self.shared.backend.release(&self.lease_ref).await;
+            return Ok((self.shared.backend.release(&self.lease_ref).await?, false));
         };
         match self
             .shared
@@ -406,10 +420,7 @@ impl Guard {
             .release_to(&self.lease_ref, offer.request())
             .await
         {
-            Ok((released, grant)) => {
-                offer.complete(grant);
-                Ok(released)
-            }
+            Ok((released, grant)) => Ok((released, offer.complete(grant))),
             Err(e) => {
                 offer.complete(None);
                 Err(e)

@@ -5,20 +5,25 @@
 //! locker instead of one per waiting task), and stops a releasing task from
 //! barging back in ahead of the tasks that were already waiting next to it.
 //!
-//! The head also offers itself for a **handoff**: a guard of the same locker
-//! that releases the key passes the lock straight to the head with
-//! [`Backend::release_to`](crate::Backend::release_to) — one round trip where a
-//! release and a new acquire would take two, with no window in which anybody
-//! else could take the lock. To keep waiters of other processes from starving,
-//! at most [`MAX_HANDOFFS`] handoffs happen in a row; then the lock is released
-//! plainly and every waiter races for it.
+//! Every waiter also stands in the line with an [`Offer`] to take a **handoff**:
+//! a guard of the same locker that releases the key passes the lock straight to
+//! the first waiter with [`Backend::release_to`](crate::Backend::release_to) —
+//! one round trip where a release and a new acquire would take two, with no
+//! window in which anybody else could take the lock. To keep waiters of other
+//! processes from starving, at most [`MAX_HANDOFFS`] handoffs happen in a row;
+//! then the lock is released plainly and every waiter races for it.
+//!
+//! While a guard of this locker holds the key (a [`LineHold`]), the head does
+//! not ask the backend at all: the lock is busy, and it will be handed over or
+//! released here, which wakes the head.
 //!
 //! Lines are used for exclusive requests with the default (per-guard) owner
 //! only: an explicit owner may be reentrant, and queueing it behind a waiter
 //! that waits for that same owner would deadlock; shared and semaphore holders
 //! may hold together and must not wait for each other.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
@@ -40,27 +45,32 @@ pub(crate) struct LocalQueues {
 }
 
 struct Line {
+    /// One permit: the head of the line holds it.
     turn: Arc<Semaphore>,
-    /// The head's offer to take a handoff, while it waits at the backend.
-    offer: Mutex<Option<Arc<Offer>>>,
+    /// The waiters' offers, in arrival order (the order of the permit).
+    waiters: Mutex<VecDeque<Arc<Offer>>>,
     handoffs_in_a_row: Mutex<u32>,
+    /// Guards of this locker that hold the key through this line.
+    holders: AtomicUsize,
+    /// Fired when one of those guards is gone (released, dropped, leaked).
+    holder_gone: Notify,
 }
 
 /// Where an offered handoff stands.
 enum Stage {
-    /// The head waits; a releaser may take the offer.
+    /// Waiting; a releaser may take the offer.
     Open,
-    /// A releaser is running `release_to` for the head.
+    /// A releaser is running `release_to` for this waiter.
     InFlight,
-    /// The handoff succeeded; the head has not picked the grant up yet.
+    /// The handoff succeeded; the waiter has not picked the grant up yet.
     Delivered(Grant),
-    /// The head got the lock by itself (the same hold, so nothing to undo).
-    HeadDone,
-    /// The head gave up while a handoff was in flight; the releaser undoes it.
+    /// The waiter has its grant (handed, or got by itself: the same hold).
+    Done,
+    /// The waiter gave up; a handoff still in flight is undone by its releaser.
     Abandoned,
 }
 
-/// A head's standing offer to receive the lock from a local releaser.
+/// A waiter's standing offer to receive the lock from a local releaser.
 pub(crate) struct Offer {
     req: Request,
     backend: Arc<dyn Backend>,
@@ -68,58 +78,94 @@ pub(crate) struct Offer {
     delivered: Notify,
 }
 
-/// The head of a key's line; the next waiter moves up when it is dropped.
+/// A waiter's place in a key's line. It is the head once it holds the permit.
+/// Dropping it leaves the line (a delivered grant nobody took is given back).
 pub(crate) struct Turn<'a> {
     queues: &'a LocalQueues,
     key: Key,
     line: Arc<Line>,
+    offer: Arc<Offer>,
     permit: Option<OwnedSemaphorePermit>,
 }
 
+/// Marks a guard as a local holder of its line's key while it lives.
+pub(crate) struct LineHold {
+    queues: Arc<LocalQueues>,
+    key: Key,
+    line: Arc<Line>,
+    /// Handed to the next waiter, who carries the hold on: nothing to count down.
+    handed_on: bool,
+}
+
 impl LocalQueues {
-    /// Waits for the head of `key`'s line; `None` if `deadline` passed first.
+    /// Joins `key`'s line with `req` and waits until this waiter is the head,
+    /// a releaser handed it the lock, or `deadline` passed (then the turn is
+    /// neither head nor handed, and the caller gives up).
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe: a cancelled waiter leaves the line.
-    pub(crate) async fn turn(&self, key: &Key, deadline: Option<Instant>) -> Option<Turn<'_>> {
+    /// Cancel safe: a cancelled waiter leaves the line, and a grant handed to it
+    /// in the meantime is given back.
+    pub(crate) async fn join(
+        &self,
+        key: &Key,
+        req: &Request,
+        backend: &Arc<dyn Backend>,
+        deadline: Option<Instant>,
+    ) -> Turn<'_> {
         let line = lock(&self.lines)
             .entry(key.clone())
             .or_insert_with(|| {
                 Arc::new(Line {
                     turn: Arc::new(Semaphore::new(1)),
-                    offer: Mutex::new(None),
+                    waiters: Mutex::new(VecDeque::new()),
                     handoffs_in_a_row: Mutex::new(0),
+                    holders: AtomicUsize::new(0),
+                    holder_gone: Notify::new(),
                 })
             })
             .clone();
+        let offer = Arc::new(Offer {
+            req: req.clone(),
+            backend: backend.clone(),
+            stage: Mutex::new(Stage::Open),
+            delivered: Notify::new(),
+        });
+        lock(&line.waiters).push_back(offer.clone());
         let mut turn = Turn {
             queues: self,
             key: key.clone(),
             line: line.clone(),
+            offer,
             permit: None,
         };
         let acquire = line.turn.clone().acquire_owned();
-        let permit = match deadline {
-            None => acquire.await.ok()?,
-            Some(d) => tokio::time::timeout_at(d, acquire).await.ok()?.ok()?,
+        let until = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
         };
-        turn.permit = Some(permit);
-        Some(turn)
+        tokio::select! {
+            biased;
+            p = acquire => turn.permit = p.ok(),
+            _ = turn.offer.wait_delivery() => {}
+            _ = until => {}
+        }
+        turn
     }
 
-    /// Takes the offer of `key`'s waiting head for a handoff, unless the line
-    /// has handed off [`MAX_HANDOFFS`] times in a row (then it resets, and the
-    /// caller releases plainly).
+    /// Takes the offer of the first waiter of `key` for a handoff, unless the
+    /// line has handed off [`MAX_HANDOFFS`] times in a row (then the streak
+    /// resets and the caller releases plainly).
     pub(crate) fn take_offer(&self, key: &Key) -> Option<Arc<Offer>> {
         let line = lock(&self.lines).get(key)?.clone();
         let mut in_a_row = lock(&line.handoffs_in_a_row);
-        let offer = lock(&line.offer).take()?;
         if *in_a_row >= MAX_HANDOFFS {
             *in_a_row = 0;
-            *lock(&line.offer) = Some(offer);
             return None;
         }
+        let offer = lock(&line.waiters).front()?.clone();
         let mut stage = lock(&offer.stage);
         if !matches!(*stage, Stage::Open) {
             return None;
@@ -136,72 +182,189 @@ impl LocalQueues {
             *lock(&line.handoffs_in_a_row) = 0;
         }
     }
+
+    /// Forgets `line` if nobody waits or holds (only the map and `refs` other
+    /// references remain).
+    fn forget_if_idle(&self, key: &Key, line: &Arc<Line>, refs: usize) {
+        let mut lines = lock(&self.lines);
+        if Arc::strong_count(line) == refs + 1
+            && line.holders.load(Ordering::SeqCst) == 0
+            && lines.get(key).is_some_and(|l| Arc::ptr_eq(l, line))
+        {
+            lines.remove(key);
+        }
+    }
 }
 
 impl Turn<'_> {
-    /// Offers this head for handoffs of `req` while it waits at the backend.
-    pub(crate) fn offer(&self, req: &Request, backend: &Arc<dyn Backend>) -> Arc<Offer> {
-        let offer = Arc::new(Offer {
-            req: req.clone(),
-            backend: backend.clone(),
-            stage: Mutex::new(Stage::Open),
-            delivered: Notify::new(),
-        });
-        *lock(&self.line.offer) = Some(offer.clone());
-        offer
+    /// Whether this waiter holds the permit (the head waits at the backend).
+    pub(crate) fn is_head(&self) -> bool {
+        self.permit.is_some()
+    }
+
+    /// This waiter's offer.
+    pub(crate) fn offer(&self) -> &Offer {
+        &self.offer
+    }
+
+    /// How many guards of this locker hold the key through this line.
+    pub(crate) fn local_holders(&self) -> usize {
+        self.line.holders.load(Ordering::SeqCst)
+    }
+
+    /// Resolves when a local holder is gone. Enable it before checking
+    /// [`Turn::local_holders`], so that a departure in between is not missed.
+    pub(crate) fn holder_gone(&self) -> tokio::sync::futures::Notified<'_> {
+        self.line.holder_gone.notified()
+    }
+
+    /// Registers the granted guard as a local holder; `handed` when the grant
+    /// came from a local releaser, whose hold this one carries on (the count of
+    /// local holders does not change, so no waiter wakes for nothing).
+    pub(crate) fn hold(&self, queues: &Arc<LocalQueues>, handed: bool) -> LineHold {
+        if !handed {
+            self.line.holders.fetch_add(1, Ordering::SeqCst);
+        }
+        LineHold {
+            queues: queues.clone(),
+            key: self.key.clone(),
+            line: self.line.clone(),
+            handed_on: false,
+        }
     }
 }
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        *lock(&self.line.offer) = None;
-        let mut lines = lock(&self.queues.lines);
+        lock(&self.line.waiters).retain(|o| !Arc::ptr_eq(o, &self.offer));
+        // Not finished normally (cancelled): give back what was handed meanwhile.
+        self.offer.abandon_on_drop();
         self.permit.take();
-        // Nobody else waits or holds a turn: forget the line (the map plus this turn).
-        if Arc::strong_count(&self.line) == 2 && self.line.turn.available_permits() == 1 {
-            lines.remove(&self.key);
+        // The map, this turn and its local `line` clone in `join` are gone by now.
+        self.queues.forget_if_idle(&self.key, &self.line, 1);
+    }
+}
+
+impl LineHold {
+    /// The lock went to the next waiter of the line, who carries the hold on.
+    pub(crate) fn hand_on(mut self) {
+        self.handed_on = true;
+    }
+}
+
+impl Drop for LineHold {
+    fn drop(&mut self) {
+        if !self.handed_on {
+            self.line.holders.fetch_sub(1, Ordering::SeqCst);
+            self.line.holder_gone.notify_waiters();
         }
+        self.queues.forget_if_idle(&self.key, &self.line, 1);
     }
 }
 
 impl Offer {
-    /// The request the head waits with.
+    /// The request the waiter waits with.
     pub(crate) fn request(&self) -> &Request {
         &self.req
     }
 
-    /// Resolves with the grant once a releaser handed the lock over.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe; the grant stays in the offer until taken.
-    pub(crate) async fn delivered(&self) -> Grant {
+    /// Waits until a grant is delivered (without taking it).
+    async fn wait_delivery(&self) {
         loop {
             let notified = self.delivered.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Stage::Delivered(g) = &*lock(&self.stage) {
-                return g.clone();
+            if matches!(*lock(&self.stage), Stage::Delivered(_)) {
+                return;
             }
             notified.await;
         }
     }
 
+    /// Takes a delivered grant, if there is one.
+    pub(crate) fn take_delivered(&self) -> Option<Grant> {
+        let mut stage = lock(&self.stage);
+        match std::mem::replace(&mut *stage, Stage::Done) {
+            Stage::Delivered(g) => Some(g),
+            other => {
+                *stage = other;
+                None
+            }
+        }
+    }
+
+    /// Resolves with the grant once a releaser handed the lock over, and takes it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe; an untaken grant stays in the offer.
+    pub(crate) async fn delivered(&self) -> Grant {
+        loop {
+            self.wait_delivery().await;
+            if let Some(g) = self.take_delivered() {
+                return g;
+            }
+        }
+    }
+
     /// The releaser's side, after `release_to`: delivers `grant`, or re-opens the
-    /// offer if there was none. If the head gave up meanwhile, the handed hold
-    /// is released on its behalf.
-    pub(crate) fn complete(&self, grant: Option<Grant>) {
+    /// offer if there was none. If the waiter gave up meanwhile, the handed hold
+    /// is released on its behalf. Returns whether the waiter carries the
+    /// releaser's local hold on.
+    pub(crate) fn complete(&self, grant: Option<Grant>) -> bool {
         let mut stage = lock(&self.stage);
         match (&*stage, grant) {
             (Stage::InFlight, Some(g)) => {
                 *stage = Stage::Delivered(g);
                 drop(stage);
                 self.delivered.notify_waiters();
+                true
             }
-            (Stage::InFlight, None) => *stage = Stage::Open,
-            (Stage::Abandoned, Some(g)) => self.give_back(g),
-            // The head took the same hold by itself, or nothing was handed.
-            _ => {}
+            (Stage::InFlight, None) => {
+                *stage = Stage::Open;
+                false
+            }
+            (Stage::Abandoned, Some(g)) => {
+                drop(stage);
+                self.give_back(g);
+                false
+            }
+            // The waiter got the same hold by itself, or nothing was handed.
+            _ => false,
+        }
+    }
+
+    /// The waiter's side when its own attempt succeeded: a handoff in flight or
+    /// delivered is for the very same hold, so it needs no undoing.
+    pub(crate) fn done(&self) {
+        let mut stage = lock(&self.stage);
+        if !matches!(*stage, Stage::Abandoned) {
+            *stage = Stage::Done;
+        }
+    }
+
+    /// The waiter's side when it gives up (deadline, error): returns a grant
+    /// that was delivered after all, else makes sure a handoff still in flight
+    /// is undone by its releaser.
+    pub(crate) fn abandon(&self) -> Option<Grant> {
+        let mut stage = lock(&self.stage);
+        match std::mem::replace(&mut *stage, Stage::Abandoned) {
+            Stage::Delivered(g) => {
+                *stage = Stage::Done;
+                Some(g)
+            }
+            Stage::Done => {
+                *stage = Stage::Done;
+                None
+            }
+            _ => None,
+        }
+    }
+
+    /// [`Offer::abandon`] for a waiter that is dropped: a delivered grant is given back.
+    fn abandon_on_drop(&self) {
+        if let Some(g) = self.abandon() {
+            self.give_back(g);
         }
     }
 
@@ -215,71 +378,87 @@ impl Offer {
             });
         }
     }
-
-    /// [`Offer::abandon`] for a head that is dropped: a delivered grant is given back.
-    pub(crate) fn abandon_on_drop(&self) {
-        if let Some(g) = self.abandon() {
-            self.give_back(g);
-        }
-    }
-
-    /// The head's side when its own attempt succeeded: a handoff in flight is
-    /// for the very same hold, so it needs no undoing.
-    pub(crate) fn head_done(&self) {
-        let mut stage = lock(&self.stage);
-        if matches!(*stage, Stage::InFlight | Stage::Open) {
-            *stage = Stage::HeadDone;
-        }
-    }
-
-    /// The head's side when it gives up (deadline, error, cancellation):
-    /// returns a grant that was delivered after all, else makes sure a handoff
-    /// still in flight is undone by its releaser.
-    pub(crate) fn abandon(&self) -> Option<Grant> {
-        let mut stage = lock(&self.stage);
-        match std::mem::replace(&mut *stage, Stage::Abandoned) {
-            Stage::Delivered(g) => {
-                *stage = Stage::HeadDone;
-                Some(g)
-            }
-            Stage::HeadDone => {
-                *stage = Stage::HeadDone;
-                None
-            }
-            _ => None,
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::key::Owner;
+    use crate::memory::MemoryBackend;
+    use crate::mode::Mode;
     use std::time::Duration;
+
+    fn req(n: u32) -> Request {
+        Request::new(
+            Key::new("k").unwrap(),
+            Owner::new(format!("o{n}")).unwrap(),
+            Mode::Exclusive,
+            Duration::from_secs(5),
+        )
+    }
 
     #[tokio::test]
     async fn waiters_take_turns_in_arrival_order_and_lines_are_forgotten() {
         let q = Arc::new(LocalQueues::default());
+        let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
         let key = Key::new("k").unwrap();
-        let first = q.turn(&key, None).await.unwrap();
+        let first = q.join(&key, &req(0), &backend, None).await;
+        assert!(first.is_head());
         let order = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
-        for i in 0..5 {
-            let (q, key, order) = (q.clone(), key.clone(), order.clone());
+        for i in 1..=5 {
+            let (q, key, order, backend) = (q.clone(), key.clone(), order.clone(), backend.clone());
             tasks.push(tokio::spawn(async move {
-                let _t = q.turn(&key, None).await.unwrap();
+                let t = q.join(&key, &req(i), &backend, None).await;
+                assert!(t.is_head());
+                t.offer().done();
                 order.lock().unwrap().push(i);
             }));
             tokio::task::yield_now().await; // let it join the line before the next
         }
         let late = q
-            .turn(&key, Some(Instant::now() + Duration::from_millis(20)))
+            .join(
+                &key,
+                &req(9),
+                &backend,
+                Some(Instant::now() + Duration::from_millis(20)),
+            )
             .await;
-        assert!(late.is_none(), "a waiter got a turn while the head held it");
+        assert!(
+            !late.is_head(),
+            "a waiter got a turn while the head held it"
+        );
+        drop(late);
+        first.offer().done();
         drop(first);
         for t in tasks {
             t.await.unwrap();
         }
-        assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
+        assert_eq!(*order.lock().unwrap(), vec![1, 2, 3, 4, 5]);
         assert!(q.lines.lock().unwrap().is_empty(), "an idle line was kept");
+    }
+
+    #[tokio::test]
+    async fn a_handoff_reaches_the_first_waiter_even_before_it_is_head() {
+        let q = LocalQueues::default();
+        let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+        let key = Key::new("k").unwrap();
+        let head = q.join(&key, &req(0), &backend, None).await;
+        // A second waiter queues behind the head; the head leaves the line.
+        let second_req = req(1);
+        let second = q.join(&key, &second_req, &backend, None);
+        tokio::pin!(second);
+        assert!(
+            futures::poll!(&mut second).is_pending(),
+            "the second waiter got in beside the head"
+        );
+        head.offer().done();
+        drop(head);
+        let offer = q.take_offer(&key).expect("the first waiter's offer");
+        assert_eq!(offer.request().owner.as_str(), "o1");
+        let grant = Grant::new(None, Duration::from_secs(5), 1, Instant::now());
+        assert!(offer.complete(Some(grant)));
+        let turn = second.await;
+        assert_eq!(turn.offer().take_delivered().map(|g| g.holds), Some(1));
     }
 }

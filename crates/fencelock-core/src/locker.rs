@@ -14,7 +14,7 @@ use crate::capabilities::Capabilities;
 use crate::error::{Error, Result};
 use crate::guard::{Guard, Lease, LeaseState, LostReason, validity_deadline};
 use crate::key::{Key, Owner};
-use crate::local_queue::{LocalQueues, Offer};
+use crate::local_queue::LocalQueues;
 use crate::mode::Mode;
 use crate::multi::MultiLockBuilder;
 use crate::watchdog::{self, DropRelease, Registration, Watchdog};
@@ -36,7 +36,7 @@ pub(crate) struct Shared {
     id: String,
     next_id: AtomicU64,
     default_ttl: Duration,
-    pub(crate) queues: LocalQueues,
+    pub(crate) queues: Arc<LocalQueues>,
 }
 
 impl Shared {
@@ -128,7 +128,7 @@ impl Locker {
                 id,
                 next_id: AtomicU64::new(1),
                 default_ttl,
-                queues: LocalQueues::default(),
+                queues: Arc::default(),
             }),
         }
     }
@@ -534,53 +534,88 @@ pub(crate) async fn acquire_one(
     // Exclusive requests of default owners line up behind this locker's other
     // waiters for the key, and the head accepts handoffs (see local_queue).
     let lined = req.mode == Mode::Exclusive && opts.owner.is_none();
-    let grant = if lined {
-        let turn = locker
-            .shared
-            .queues
-            .turn(&req.key, deadline)
-            .await
-            .ok_or_else(timeout)?;
-        let offer = turn.offer(req, backend);
-        let mut abandon = AbandonOnDrop(Some(&offer));
-        let outcome = tokio::select! {
-            biased;
-            g = offer.delivered() => Ok(Some(g)),
-            r = backend.acquire(req, deadline).instrument(span) => r,
+    let (grant, line_hold) = if lined {
+        let queues = &locker.shared.queues;
+        let turn = queues.join(&req.key, req, backend, deadline).await;
+        let offer = turn.offer();
+        let outcome = if let Some(g) = offer.take_delivered() {
+            Ok(Some((g, true)))
+        } else if turn.is_head() {
+            wait_as_head(&turn, backend.as_ref(), req, deadline)
+                .instrument(span)
+                .await
+        } else {
+            Ok(None)
         };
-        abandon.0 = None;
-        match outcome {
-            Ok(Some(g)) => {
-                offer.head_done();
-                Some(g)
+        let (grant, handed) = match outcome {
+            Ok(Some((g, handed))) => {
+                offer.done();
+                (Some(g), handed)
             }
             // Gave up: a handoff may have arrived meanwhile; take it.
-            Ok(None) => offer.abandon(),
+            Ok(None) => (offer.abandon(), true),
             Err(e) => match offer.abandon() {
-                Some(g) => Some(g),
+                Some(g) => (Some(g), true),
                 None => return Err(e),
             },
-        }
+        };
+        let hold = grant.as_ref().map(|_| turn.hold(queues, handed));
+        (grant, hold)
     } else {
-        backend.acquire(req, deadline).instrument(span).await?
+        (backend.acquire(req, deadline).instrument(span).await?, None)
     };
     match grant {
         Some(grant) => {
             log_grant(req, &grant, start.elapsed());
-            Ok(locker.guard_for(req, grant, opts))
+            let mut guard = locker.guard_for(req, grant, opts);
+            guard.set_line_hold(line_hold);
+            Ok(guard)
         }
         None => Err(timeout()),
     }
 }
 
-/// Abandons an offer if the acquiring future is dropped mid-wait, so that a
-/// handoff in flight is undone (or a delivered grant released) by its releaser.
-struct AbandonOnDrop<'a>(Option<&'a Arc<Offer>>);
+/// How often a head re-checks the backend while a local guard holds the key
+/// (in case that guard's lease was lost without the guard being dropped).
+const LOCAL_HOLDER_RECHECK: Duration = Duration::from_secs(1);
 
-impl Drop for AbandonOnDrop<'_> {
-    fn drop(&mut self) {
-        if let Some(offer) = self.0.take() {
-            offer.abandon_on_drop();
+/// The head of a line waits for a handoff from a local releaser; while no
+/// local guard holds the key it also waits at the backend. Returns the grant
+/// and whether it was handed over.
+async fn wait_as_head(
+    turn: &crate::local_queue::Turn<'_>,
+    backend: &dyn Backend,
+    req: &Request,
+    deadline: Option<Instant>,
+) -> Result<Option<(Grant, bool)>> {
+    loop {
+        let gone = turn.holder_gone();
+        tokio::pin!(gone);
+        gone.as_mut().enable();
+        if turn.local_holders() == 0 {
+            return tokio::select! {
+                biased;
+                g = turn.offer().delivered() => Ok(Some((g, true))),
+                r = backend.acquire(req, deadline) => r.map(|g| g.map(|g| (g, false))),
+            };
+        }
+        // Busy here: it will be handed over, or released here (which wakes us).
+        let mut recheck = Instant::now() + LOCAL_HOLDER_RECHECK;
+        if let Some(d) = deadline {
+            recheck = recheck.min(d);
+        }
+        tokio::select! {
+            biased;
+            g = turn.offer().delivered() => return Ok(Some((g, true))),
+            _ = &mut gone => {}
+            _ = tokio::time::sleep_until(recheck) => {
+                if let Some(g) = backend.try_acquire(req).await? {
+                    return Ok(Some((g, false)));
+                }
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    return Ok(None);
+                }
+            }
         }
     }
 }

@@ -32,6 +32,11 @@ pub(crate) fn map_err(e: RedisError, addr: &str) -> Error {
     }
 }
 
+fn is_noscript(e: &RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+        || e.code() == Some("NOSCRIPT")
+}
+
 impl Conn {
     /// Connects; pub/sub messages go to `push`.
     pub(crate) async fn open(
@@ -79,14 +84,22 @@ impl Conn {
         }
     }
 
-    /// EVALSHA, loading the script on NOSCRIPT.
+    /// EVALSHA, loading the script on NOSCRIPT. A `SCRIPT FLUSH` between the
+    /// load and the call yields NOSCRIPT again; that is retried a few times.
     pub(crate) async fn invoke<T: FromRedisValue>(
         &self,
         inv: &ScriptInvocation<'_>,
     ) -> redis::RedisResult<T> {
-        match self {
-            Conn::Single(c) => inv.invoke_async(&mut c.clone()).await,
-            Conn::Cluster(c) => inv.invoke_async(&mut c.clone()).await,
+        let mut tries = 0;
+        loop {
+            let r = match self {
+                Conn::Single(c) => inv.invoke_async(&mut c.clone()).await,
+                Conn::Cluster(c) => inv.invoke_async(&mut c.clone()).await,
+            };
+            match r {
+                Err(e) if tries < 3 && is_noscript(&e) => tries += 1,
+                other => return other,
+            }
         }
     }
 

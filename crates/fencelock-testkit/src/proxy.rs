@@ -21,6 +21,16 @@ pub enum ProxyMode {
     Blackhole,
     /// Close every connection and every new one at once: a peer that resets.
     Reset,
+    /// Forward requests to the server but hold its replies back: the request
+    /// is executed and the reply is lost (until [`FaultProxy::restore`]).
+    DropReplies,
+}
+
+/// Which way a chunk travels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    ToServer,
+    ToClient,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -110,6 +120,12 @@ impl FaultProxy {
         self.set_mode(ProxyMode::Blackhole);
     }
 
+    /// Forwards requests but holds replies back, until [`FaultProxy::restore`]
+    /// or [`FaultProxy::cut`] (which drops the held replies with the connection).
+    pub fn drop_replies(&self) {
+        self.set_mode(ProxyMode::DropReplies);
+    }
+
     /// Forwards again.
     pub fn restore(&self) {
         self.set_mode(ProxyMode::Pass);
@@ -154,8 +170,8 @@ async fn accept_loop(
             let (sr, sw) = server.into_split();
             // When one direction ends, the other is dropped: both sockets close.
             tokio::select! {
-                _ = pump(cr, sw, settings.clone()) => {}
-                _ = pump(sr, cw, settings) => {}
+                _ = pump(cr, sw, settings.clone(), Direction::ToServer) => {}
+                _ = pump(sr, cw, settings, Direction::ToClient) => {}
             }
         });
     }
@@ -165,6 +181,7 @@ async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut settings: watch::Receiver<Settings>,
+    direction: Direction,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -178,15 +195,20 @@ async fn pump(
         // Hold the chunk while black-holed; drop the connection on reset.
         loop {
             let s = *settings.borrow_and_update();
-            match s.mode {
+            let held = match s.mode {
                 ProxyMode::Reset => return,
-                ProxyMode::Pass => {
+                ProxyMode::Blackhole => true,
+                ProxyMode::DropReplies => direction == Direction::ToClient,
+                ProxyMode::Pass => false,
+            };
+            match held {
+                false => {
                     if !s.latency.is_zero() {
                         tokio::time::sleep(s.latency).await;
                     }
                     break;
                 }
-                ProxyMode::Blackhole => {
+                true => {
                     if settings.changed().await.is_err() {
                         return;
                     }

@@ -2,20 +2,27 @@
 
 use std::net::TcpStream;
 use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use fencelock_testkit::{FaultProxy, ServerProcess, free_port};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-async fn echo_server() -> std::net::SocketAddr {
+/// An echo server; the counter says how many bytes it has received.
+async fn counting_echo_server() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
+    let received = Arc::new(AtomicUsize::new(0));
+    let r = received.clone();
     tokio::spawn(async move {
         while let Ok((mut s, _)) = l.accept().await {
+            let r = r.clone();
             tokio::spawn(async move {
                 let mut b = [0u8; 256];
                 while let Ok(n) = s.read(&mut b).await {
+                    r.fetch_add(n, Ordering::SeqCst);
                     if n == 0 || s.write_all(&b[..n]).await.is_err() {
                         break;
                     }
@@ -23,7 +30,11 @@ async fn echo_server() -> std::net::SocketAddr {
             });
         }
     });
-    addr
+    (addr, received)
+}
+
+async fn echo_server() -> std::net::SocketAddr {
+    counting_echo_server().await.0
 }
 
 async fn round_trip(c: &mut tokio::net::TcpStream, limit: Duration) -> Option<Duration> {
@@ -128,4 +139,32 @@ fn server_that_exits_early_is_an_error() {
         .err()
         .unwrap();
     assert!(err.to_string().contains("exited early"), "{err}");
+}
+
+#[tokio::test]
+async fn dropped_replies_reach_the_server_but_not_the_client() {
+    let (upstream, received) = counting_echo_server().await;
+    let proxy = FaultProxy::start(upstream).await.unwrap();
+    let mut c = tokio::net::TcpStream::connect(proxy.addr()).await.unwrap();
+    assert!(round_trip(&mut c, Duration::from_secs(5)).await.is_some());
+    let before = received.load(Ordering::SeqCst);
+    proxy.drop_replies();
+    assert!(
+        round_trip(&mut c, Duration::from_millis(300))
+            .await
+            .is_none(),
+        "a reply got through"
+    );
+    assert_eq!(
+        received.load(Ordering::SeqCst),
+        before + 1,
+        "the request did not reach the server"
+    );
+    proxy.cut();
+    let mut rest = Vec::new();
+    let n = tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut rest))
+        .await
+        .unwrap()
+        .unwrap_or(0);
+    assert_eq!(n, 0, "the held reply was delivered after a cut");
 }

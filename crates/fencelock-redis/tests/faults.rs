@@ -1,0 +1,571 @@
+//! Fault tests of the Redis backend, each on a private server (or a proxy in
+//! front of one) so that killing it hurts nobody else.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fencelock_core::{Backend, Error, Key, LeaseRef, Locker, LostReason, Mode, Owner, Request};
+use fencelock_redis::RedisBackend;
+use fencelock_testkit::{FaultProxy, ServerProcess, Signal, free_port, send_signal};
+
+const SHARED: &str = "redis://127.0.0.1:6379";
+
+/// A throw-away redis-server on `port` (no persistence: a restart comes back empty).
+fn redis_on(port: u16, extra: &[&str]) -> ServerProcess {
+    let dir = std::env::temp_dir().join(format!("fencelock-redis-test-{port}"));
+    let _ = std::fs::create_dir_all(&dir);
+    let mut cmd = Command::new("redis-server");
+    cmd.args([
+        "--bind",
+        "127.0.0.1",
+        "--port",
+        &port.to_string(),
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+    ])
+    .arg("--dir")
+    .arg(&dir)
+    .args(extra)
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    ServerProcess::spawn("redis-server", cmd, port, Duration::from_secs(20))
+        .expect("start redis-server")
+}
+
+fn unique(name: &str) -> String {
+    format!("faults/{name}/{}", uuid::Uuid::new_v4().simple())
+}
+
+async fn evalsha_calls(url: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(
+            &mut redis::Client::open(url)
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    info.lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .and_then(|l| l.split("calls=").nth(1))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_empty_during_a_hold_fires_lost_and_new_grants_work() {
+    let port = free_port();
+    let mut server = redis_on(port, &[]);
+    let url = format!("redis://127.0.0.1:{port}/?timeout=500ms");
+    let locker = Locker::new(RedisBackend::connect(&url).await.unwrap());
+    let g = locker
+        .lock("k")
+        .ttl(Duration::from_secs(2))
+        .acquire()
+        .await
+        .unwrap();
+    let first = g.token().unwrap();
+    server.kill();
+    let _server = redis_on(port, &[]); // same port, empty
+    // The next renewal finds the hold gone; it must not be re-created.
+    let lost = tokio::time::timeout(Duration::from_secs(10), g.lost())
+        .await
+        .expect("lost() never fired");
+    assert!(
+        matches!(
+            lost,
+            Error::Lost {
+                reason: LostReason::NotHeld(_),
+                ..
+            }
+        ),
+        "expected Lost(NotHeld), got {lost:?}"
+    );
+    let g2 = locker
+        .lock("k")
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .unwrap();
+    // The fence counter was lost with the data, yet tokens kept rising (time floor).
+    assert!(
+        g2.token().unwrap() > first,
+        "token {:?} after {first:?}",
+        g2.token()
+    );
+    g2.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn connection_refused_is_a_connection_error_without_the_password() {
+    let port = free_port();
+    let err = RedisBackend::connect(&format!(
+        "redis://:s3cret@127.0.0.1:{port}/?connect_timeout=1s"
+    ))
+    .await
+    .unwrap_err();
+    assert!(matches!(err, Error::Connection { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.contains(&format!("127.0.0.1:{port}")), "{msg}");
+    assert!(!msg.contains("s3cret"), "password leaked: {msg}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_mid_run_still_works() {
+    let port = free_port();
+    let _server = redis_on(port, &[]);
+    let url = format!("redis://127.0.0.1:{port}");
+    let locker = Locker::new(RedisBackend::connect(&url).await.unwrap());
+    let flusher = tokio::spawn({
+        let url = url.clone();
+        async move {
+            let mut c = redis::Client::open(url.as_str())
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap();
+            for _ in 0..20 {
+                let _: () = redis::cmd("SCRIPT")
+                    .arg("FLUSH")
+                    .query_async(&mut c)
+                    .await
+                    .unwrap();
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    });
+    let mut last = None;
+    for _ in 0..300 {
+        let g = locker
+            .lock("k")
+            .acquire()
+            .await
+            .expect("acquire after SCRIPT FLUSH");
+        assert!(g.token() > last);
+        last = g.token();
+        g.release().await.expect("release after SCRIPT FLUSH");
+    }
+    flusher.await.unwrap();
+}
+
+/// The entry point of holder processes; does nothing unless spawned by a test.
+#[test]
+#[ignore = "holder process of sigkilled_holder_frees_the_lock_after_its_ttl"]
+fn holder_worker() {
+    let Ok(key) = std::env::var("FENCELOCK_REDIS_HOLD_KEY") else {
+        return;
+    };
+    tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(async move {
+            let locker = Locker::new(RedisBackend::connect(SHARED).await.unwrap());
+            let g = locker
+                .lock(&key)
+                .ttl(Duration::from_secs(1))
+                .acquire()
+                .await
+                .unwrap();
+            println!("acquired {}", g.token().unwrap());
+            tokio::time::sleep(Duration::from_secs(600)).await;
+        });
+}
+
+#[tokio::test]
+async fn sigkilled_holder_frees_the_lock_after_its_ttl() {
+    let key = unique("sigkill");
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "holder_worker",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env("FENCELOCK_REDIS_HOLD_KEY", &key)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    let token: u64 = loop {
+        line.clear();
+        if out.read_line(&mut line).unwrap_or(0) == 0 {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("holder exited before acquiring");
+        }
+        if let Some((_, t)) = line.trim().split_once("acquired ") {
+            break t.parse().unwrap();
+        }
+    };
+    let locker = Locker::new(RedisBackend::connect(SHARED).await.unwrap());
+    assert!(
+        locker.lock(&key).try_acquire().await.unwrap().is_none(),
+        "held by the worker"
+    );
+    send_signal(child.id(), Signal::SIGKILL).unwrap();
+    child.wait().unwrap();
+    let start = Instant::now();
+    let g = locker
+        .lock(&key)
+        .wait(Duration::from_secs(20))
+        .acquire()
+        .await
+        .unwrap();
+    assert!(
+        start.elapsed() >= Duration::from_millis(200),
+        "freed at once, not by the TTL"
+    );
+    assert!(g.token().unwrap().get() > token);
+    g.release().await.unwrap();
+}
+
+/// A backend whose connection goes through `proxy`, with a short response timeout.
+async fn through(proxy: &FaultProxy) -> RedisBackend {
+    let addr: SocketAddr = proxy.addr();
+    RedisBackend::connect(&format!("redis://{addr}/?timeout=300ms"))
+        .await
+        .unwrap()
+}
+
+async fn holds_of(direct: &RedisBackend, key: &Key, owner: &str) -> Option<u32> {
+    let info = direct.inspect(key).await.unwrap()?;
+    info.holders
+        .iter()
+        .find(|h| h.owner == owner)
+        .map(|h| h.holds)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_release_after_a_lost_reply_releases_once_and_never_a_later_holder() {
+    let proxy = FaultProxy::start("127.0.0.1:6379".parse().unwrap())
+        .await
+        .unwrap();
+    let proxied = through(&proxy).await;
+    let direct = RedisBackend::connect(SHARED).await.unwrap();
+    let key = Key::new(unique("latch")).unwrap();
+    let ttl = Duration::from_secs(30);
+
+    // 1. A partial release whose reply is lost, then retried: one hold goes, not two.
+    let req = Request::new(
+        key.clone(),
+        Owner::new("reentrant-owner").unwrap(),
+        Mode::Exclusive,
+        ttl,
+    );
+    let g = proxied.try_acquire(&req).await.unwrap().unwrap();
+    proxied.try_acquire(&req).await.unwrap().unwrap();
+    assert_eq!(holds_of(&direct, &key, "reentrant-owner").await, Some(2));
+    proxy.drop_replies();
+    let releasing = tokio::spawn({
+        let (proxied, lease) = (proxied.clone(), LeaseRef::new(&req, &g));
+        async move { proxied.release(&lease).await }
+    });
+    // The script ran on the server; only its reply is held back.
+    let start = Instant::now();
+    while holds_of(&direct, &key, "reentrant-owner").await != Some(1) {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the release never reached the server"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    proxy.cut();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    proxy.restore();
+    let released = releasing
+        .await
+        .unwrap()
+        .expect("the retried release failed");
+    assert_eq!(released.remaining, 1, "the retry reported {released:?}");
+    assert_eq!(
+        holds_of(&direct, &key, "reentrant-owner").await,
+        Some(1),
+        "the retry released a second hold"
+    );
+
+    // 2. A full release whose reply is lost; a later holder takes the lock before
+    //    the retry arrives; the retry must leave the later holder alone.
+    let key2 = Key::new(unique("latch2")).unwrap();
+    let a = Request::new(
+        key2.clone(),
+        Owner::new("first").unwrap(),
+        Mode::Exclusive,
+        ttl,
+    );
+    let ga = proxied.try_acquire(&a).await.unwrap().unwrap();
+    proxy.drop_replies();
+    let releasing = tokio::spawn({
+        let (proxied, lease) = (proxied.clone(), LeaseRef::new(&a, &ga));
+        async move { proxied.release(&lease).await }
+    });
+    let b = Request::new(
+        key2.clone(),
+        Owner::new("later").unwrap(),
+        Mode::Exclusive,
+        ttl,
+    );
+    let start = Instant::now();
+    let gb = loop {
+        if let Some(g) = direct.try_acquire(&b).await.unwrap() {
+            break g;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the first release never reached the server"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    proxy.cut();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    proxy.restore();
+    releasing
+        .await
+        .unwrap()
+        .expect("the retried release failed");
+    assert_eq!(
+        holds_of(&direct, &key2, "later").await,
+        Some(1),
+        "the retry released the later holder"
+    );
+    direct.release(&LeaseRef::new(&b, &gb)).await.unwrap();
+    direct.force_release(&key).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_replicas_counts_a_grant_only_when_replicas_acknowledge() {
+    let (mport, rport) = (free_port(), free_port());
+    let _master = redis_on(mport, &[]);
+    let mut replica = redis_on(rport, &["--replicaof", "127.0.0.1", &mport.to_string()]);
+    let url = format!("redis://127.0.0.1:{mport}/?wait_replicas=1&wait_timeout=500ms");
+    let backend = RedisBackend::connect(&url).await.unwrap();
+    let locker = Locker::new(backend.clone());
+    // Replication needs a moment to start.
+    let start = Instant::now();
+    let g = loop {
+        match locker
+            .lock("k")
+            .wait(Duration::from_secs(2))
+            .acquire()
+            .await
+        {
+            Ok(g) => break g,
+            Err(e) => assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "never acknowledged: {e}"
+            ),
+        }
+    };
+    g.release().await.unwrap();
+    replica.kill();
+    let err = locker
+        .lock("k")
+        .wait(Duration::from_secs(2))
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("replicas acknowledged"), "{err}");
+    // The unacknowledged grant was undone.
+    let info = backend.inspect(&Key::new("k").unwrap()).await.unwrap();
+    assert!(
+        info.as_ref().is_none_or(|i| i.holders.is_empty()),
+        "an unacknowledged grant was kept: {info:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_of_one_locker_cause_no_herd() {
+    let port = free_port();
+    let _server = redis_on(port, &[]);
+    let url = format!("redis://127.0.0.1:{port}");
+    let holder = Locker::new(RedisBackend::connect(&url).await.unwrap());
+    let waiters = Locker::new(RedisBackend::connect(&url).await.unwrap());
+    let g = holder
+        .lock("k")
+        .ttl(Duration::from_secs(60))
+        .acquire()
+        .await
+        .unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..10 {
+        let l = waiters.clone();
+        tasks.push(tokio::spawn(async move {
+            let g = l.lock("k").wait(Duration::from_secs(20)).acquire().await?;
+            g.release().await
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = evalsha_calls(&url).await;
+    g.release().await.unwrap();
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    let calls = evalsha_calls(&url).await - before;
+    // One release of the holder, one attempt of the woken head, then ten releases
+    // that each hand the lock to the next waiter (12). A herd would add ~9 per
+    // release; a head polling while a local guard holds would add ~2 per waiter.
+    assert!(
+        calls <= 14,
+        "{calls} scripts ran for 10 waiters: the waiters stampeded"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_every_waiting_reader() {
+    let writer = Locker::new(RedisBackend::connect(SHARED).await.unwrap());
+    let key = unique("readers");
+    let w = writer
+        .lock(&key)
+        .ttl(Duration::from_secs(60))
+        .acquire()
+        .await
+        .unwrap();
+    let mut readers = Vec::new();
+    for _ in 0..3 {
+        let l = Locker::new(RedisBackend::connect(SHARED).await.unwrap());
+        let k = key.clone();
+        readers.push(tokio::spawn(async move {
+            l.read_lock(&k)
+                .wait(Duration::from_secs(20))
+                .acquire()
+                .await
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let start = Instant::now();
+    w.release().await.unwrap();
+    let mut guards = Vec::new();
+    for r in readers {
+        guards.push(r.await.unwrap().unwrap());
+    }
+    // The writer's TTL was 60 s: only the notification can have woken them this soon.
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "readers woke after {:?}",
+        start.elapsed()
+    );
+    assert!(
+        guards.iter().all(|g| g.is_valid()),
+        "all three readers hold together"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_permits_expire_one_by_one() {
+    let key = unique("permits");
+    let lockers: Vec<Locker> = futures_lockers(4).await;
+    let ttl = Duration::from_millis(800);
+    let kept1 = lockers[0]
+        .semaphore(&key, 3)
+        .ttl(ttl)
+        .acquire()
+        .await
+        .unwrap();
+    let kept2 = lockers[1]
+        .semaphore(&key, 3)
+        .ttl(ttl)
+        .acquire()
+        .await
+        .unwrap();
+    let crashed = lockers[2]
+        .semaphore(&key, 3)
+        .ttl(ttl)
+        .acquire()
+        .await
+        .unwrap();
+    let _ = crashed.leak(); // its holder "crashes": no renewal, no release
+    assert!(
+        lockers[3]
+            .semaphore(&key, 3)
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none(),
+        "a 4th permit of 3"
+    );
+    let start = Instant::now();
+    let fourth = lockers[3]
+        .semaphore(&key, 3)
+        .ttl(ttl)
+        .wait(Duration::from_secs(20))
+        .acquire()
+        .await
+        .unwrap();
+    assert!(
+        start.elapsed() >= ttl / 2,
+        "the crashed permit came back before its TTL"
+    );
+    // The renewed permits outlived the crashed one.
+    assert!(kept1.is_valid() && kept2.is_valid());
+    let info = lockers[0].inspect(&key).await.unwrap().unwrap();
+    assert_eq!(info.holders.len(), 3, "{info:?}");
+    for g in [kept1, kept2, fourth] {
+        g.release().await.unwrap();
+    }
+}
+
+async fn futures_lockers(n: usize) -> Vec<Locker> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(Locker::new(RedisBackend::connect(SHARED).await.unwrap()));
+    }
+    out
+}
+
+#[tokio::test]
+async fn fenced_set_rejects_a_stale_token() {
+    let backend = RedisBackend::connect(SHARED).await.unwrap();
+    let locker = Locker::new(backend.clone());
+    let key = unique("fenced");
+    let resource = format!("{key}:resource");
+    let old = locker.lock(&key).acquire().await.unwrap();
+    let stale = old.token().unwrap();
+    drop(old);
+    let new = locker
+        .lock(&key)
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .unwrap();
+    assert!(
+        backend
+            .fenced_set(&resource, new.token().unwrap(), "new")
+            .await
+            .unwrap()
+    );
+    assert!(
+        !backend.fenced_set(&resource, stale, "stale").await.unwrap(),
+        "a stale write was accepted"
+    );
+    assert!(
+        backend
+            .fenced_set(&resource, new.token().unwrap(), "again")
+            .await
+            .unwrap(),
+        "the same token may write again"
+    );
+    assert_eq!(
+        backend.fenced_get(&resource).await.unwrap(),
+        Some(("again".to_string(), new.token().unwrap()))
+    );
+    let _: () = redis::cmd("DEL")
+        .arg(&resource)
+        .query_async(
+            &mut redis::Client::open(SHARED)
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+}
