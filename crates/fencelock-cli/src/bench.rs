@@ -23,6 +23,7 @@ pub struct RunResult {
     pub url: String,
     pub scenario: &'static str,
     pub workers: u32,
+    pub processes: u32,
     pub ops: u64,
     pub secs: f64,
     pub p50_ms: f64,
@@ -58,6 +59,7 @@ impl RunResult {
             "backend": self.backend,
             "scenario": self.scenario,
             "workers": self.workers,
+            "processes": self.processes,
             "ops": self.ops,
             "secs": round(self.secs, 4),
             "ops_per_sec": round(self.ops_per_sec(), 1),
@@ -244,7 +246,23 @@ async fn run_one(
     let backend = locker.backend().name().to_string();
     let key = format!("bench/{run_id}/{name}");
     let pb = progress(cycles, format!("{backend} {name}"));
+    let processes = if scenario == Scenario::Uncontended {
+        1
+    } else {
+        args.processes.min(workers)
+    };
     let samples = match scenario {
+        _ if processes > 1 => {
+            let merged = crate::bench_procs::run(url, &key, workers, cycles, processes).await;
+            pb.set_position(merged.holds.len() as u64);
+            Samples {
+                latencies: merged.latencies(scenario == Scenario::Handoff),
+                order: merged.order(),
+                counter: merged.counter,
+                secs: merged.secs(),
+                errors: merged.errors,
+            }
+        }
         // On a worker thread of the runtime, like the tasks of the other scenarios
         // (and not on the thread that blocks on the runtime).
         Scenario::Uncontended => {
@@ -272,6 +290,7 @@ async fn run_one(
         url: fencelock::redact_url(url),
         scenario: name,
         workers,
+        processes,
         ops: cycles,
         secs: samples.secs,
         p50_ms: percentile_ms(&lat, 0.50),

@@ -35,6 +35,9 @@ pub enum Command {
     /// One buyer of the demo (started by `fencelock demo`).
     #[command(hide = true)]
     DemoBuyer(crate::demo::BuyerArgs),
+    /// One worker process of `fencelock bench --processes`.
+    #[command(hide = true)]
+    BenchWorker(crate::bench_procs::WorkerArgs),
 }
 
 /// `--backend`, shared by every subcommand.
@@ -121,6 +124,10 @@ pub struct BenchArgs {
     /// Concurrent tasks of the contended and handoff scenarios.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub workers: u32,
+    /// Spread the contended and handoff workers over this many OS processes
+    /// (the counter then lives in a file, and the merged history is checked).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub processes: u32,
     /// Cycles per run (default: 5000 uncontended, 2000 contended, 1000 handoff).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub cycles: Option<u64>,
@@ -195,6 +202,7 @@ Examples:
   fencelock bench --scenario all
   fencelock bench --backend memory:// --backend sqlite:///tmp/b.db --json --plot bench.svg
   fencelock bench --scenario contended --workers 32 --cycles 2000
+  fencelock bench --backend redis://127.0.0.1:6379 --scenario contended --processes 4 --workers 32
 
 JSON line: {\"system\",\"backend\",\"scenario\",\"workers\",\"ops\",\"secs\",\"ops_per_sec\",
 \"p50_ms\",\"p99_ms\",\"max_ms\",\"owner_switches\",\"final_counter\",\"expected_counter\",\"correct\"}.

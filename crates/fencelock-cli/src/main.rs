@@ -1,6 +1,7 @@
 //! The `fencelock` command: `run`, `demo`, `bench`, `status`, `list`.
 
 mod bench;
+mod bench_procs;
 mod cli;
 mod demo;
 mod exit;
@@ -59,6 +60,7 @@ fn main() -> ExitCode {
             Command::Demo(args) => demo::demo(args).await,
             Command::DemoBuyer(args) => demo::buyer(args).await,
             Command::Bench(args) => bench::bench(args).await,
+            Command::BenchWorker(args) => bench_procs::worker(args).await,
             Command::Status(args) => inspect::status(args).await,
             Command::List(args) => inspect::list(args).await,
         }

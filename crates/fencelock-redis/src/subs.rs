@@ -1,6 +1,7 @@
 //! Pub/sub wake-ups: one subscriber connection per backend (the RESP3 command
-//! connection itself), channels subscribed on demand while somebody waits, and a
-//! local [`Notify`] per channel that releases of this process also poke.
+//! connection itself) and channels subscribed on demand while somebody waits.
+//! Waiters of the same locker never need them: the core's local line hands the
+//! lock over or wakes its head directly.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -69,17 +70,6 @@ impl Subscriptions {
             channel: channel.to_string(),
             notify: entry.notify.clone(),
         })
-    }
-
-    /// Wakes this process's watchers of `channel` (after a local release).
-    pub(crate) fn poke(&self, channel: &str) {
-        if let Ok(channels) = self.channels.try_lock() {
-            if let Some(c) = channels.get(channel) {
-                c.notify.notify_waiters();
-            }
-        } else {
-            // Busy map (a subscribe in flight): the pub/sub message will arrive.
-        }
     }
 
     fn wake(channels: &HashMap<String, Channel>, channel: Option<&str>) {

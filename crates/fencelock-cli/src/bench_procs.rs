@@ -1,0 +1,288 @@
+//! `fencelock bench --processes P`: the contended and handoff workloads spread
+//! over P OS processes on one key, so that waiters of different processes
+//! compete (and cross-process fairness shows in `owner_switches`).
+//!
+//! Each child (`fencelock bench-worker`, hidden) runs its share of the tasks and
+//! prints every hold it saw; the parent merges them, checks the merged history
+//! (no overlap, tokens rising) and the shared counter, which lives in a file and
+//! is read, incremented and written back under the lock.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use clap::Args;
+use fencelock::{Hold, Locker, Mode, check_history};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::Command;
+
+use crate::exit;
+
+/// One child process of `fencelock bench --processes`.
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    #[arg(long)]
+    pub backend: String,
+    #[arg(long)]
+    pub key: String,
+    #[arg(long)]
+    pub name: String,
+    #[arg(long)]
+    pub workers: u32,
+    #[arg(long)]
+    pub cycles: u64,
+    #[arg(long)]
+    pub counter: PathBuf,
+}
+
+const BENCH_TTL: Duration = Duration::from_secs(30);
+
+fn bump(counter: &Path) -> std::io::Result<()> {
+    let v: u64 = std::fs::read_to_string(counter)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
+    std::fs::write(counter, (v + 1).to_string())
+}
+
+/// The child: waits for "go" on stdin, runs its tasks, prints its holds.
+pub async fn worker(args: WorkerArgs) -> u8 {
+    let locker = match Locker::connect(&args.backend).await {
+        Ok(l) => l,
+        Err(e) => return exit::report(&e),
+    };
+    println!("ready");
+    let mut go = String::new();
+    if BufReader::new(tokio::io::stdin())
+        .read_line(&mut go)
+        .await
+        .is_err()
+    {
+        return exit::FAILURE;
+    }
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for w in 0..args.workers {
+        let share = args.cycles / u64::from(args.workers)
+            + u64::from(u64::from(w) < args.cycles % u64::from(args.workers));
+        let (locker, key, counter, lines) = (
+            locker.clone(),
+            args.key.clone(),
+            args.counter.clone(),
+            lines.clone(),
+        );
+        let holder = format!("{}-{w}", args.name);
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..share {
+                let asked = Hold::now_ns();
+                let line = match locker.lock(&key).ttl(BENCH_TTL).acquire().await {
+                    Ok(g) => {
+                        let acquired_ns = Hold::now_ns();
+                        let bumped = bump(&counter);
+                        tokio::task::yield_now().await;
+                        let hold = Hold {
+                            holder: holder.clone(),
+                            mode: Mode::Exclusive,
+                            token: g.token().map(|t| t.get()),
+                            acquired_ns,
+                            released_ns: Hold::now_ns(),
+                        };
+                        match (bumped, g.release().await) {
+                            (Ok(()), Ok(())) => format!("hold {asked} {}", hold.to_line()),
+                            (Err(e), _) => format!("error counter file: {e}"),
+                            (_, Err(e)) => format!("error {e}"),
+                        }
+                    }
+                    Err(e) => format!("error {e}"),
+                };
+                lines.lock().unwrap_or_else(|p| p.into_inner()).push(line);
+            }
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    let lines = std::mem::take(&mut *lines.lock().unwrap_or_else(|p| p.into_inner()));
+    let mut out = lines.join("\n");
+    out.push('\n');
+    let mut stdout = tokio::io::stdout();
+    if stdout.write_all(out.as_bytes()).await.is_err() || stdout.flush().await.is_err() {
+        return exit::FAILURE;
+    }
+    0
+}
+
+/// What the children report, merged.
+pub struct Merged {
+    /// (asked, hold) per successful cycle.
+    pub holds: Vec<(u128, Hold)>,
+    pub errors: Vec<String>,
+    pub counter: u64,
+}
+
+impl Merged {
+    /// Holds in grant order.
+    fn sorted(&self) -> Vec<&(u128, Hold)> {
+        let mut v: Vec<_> = self.holds.iter().collect();
+        v.sort_by_key(|(_, h)| h.acquired_ns);
+        v
+    }
+
+    /// Acquire waits, or (with `handoff`) the time from each release to the next grant.
+    pub fn latencies(&self, handoff: bool) -> Vec<Duration> {
+        let sorted = self.sorted();
+        if handoff {
+            sorted
+                .windows(2)
+                .map(|w| {
+                    Duration::from_nanos(
+                        w[1].1.acquired_ns.saturating_sub(w[0].1.released_ns) as u64
+                    )
+                })
+                .collect()
+        } else {
+            sorted
+                .iter()
+                .map(|(asked, h)| Duration::from_nanos(h.acquired_ns.saturating_sub(*asked) as u64))
+                .collect()
+        }
+    }
+
+    /// Which worker got each grant, in order (workers numbered by first grant).
+    pub fn order(&self) -> Vec<u32> {
+        let mut ids = std::collections::HashMap::new();
+        self.sorted()
+            .iter()
+            .map(|(_, h)| {
+                let next = ids.len() as u32;
+                *ids.entry(h.holder.as_str()).or_insert(next)
+            })
+            .collect()
+    }
+
+    /// Wall time from the first request to the last release.
+    pub fn secs(&self) -> f64 {
+        let first = self.holds.iter().map(|(a, _)| *a).min().unwrap_or(0);
+        let last = self
+            .holds
+            .iter()
+            .map(|(_, h)| h.released_ns)
+            .max()
+            .unwrap_or(first);
+        (last.saturating_sub(first)) as f64 / 1e9
+    }
+}
+
+/// Runs `workers` tasks in `processes` children of this executable on `key`.
+pub async fn run(url: &str, key: &str, workers: u32, cycles: u64, processes: u32) -> Merged {
+    let mut merged = Merged {
+        holds: Vec::new(),
+        errors: Vec::new(),
+        counter: 0,
+    };
+    let dir = match tempfile::tempdir() {
+        Ok(d) => d,
+        Err(e) => {
+            merged.errors.push(format!("temporary directory: {e}"));
+            return merged;
+        }
+    };
+    let counter = dir.path().join("counter");
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            merged.errors.push(format!("own executable: {e}"));
+            return merged;
+        }
+    };
+    // Workers spread evenly; cycles in proportion, the remainder to the first.
+    let shares: Vec<u32> = (0..processes)
+        .map(|p| workers / processes + u32::from(p < workers % processes))
+        .collect();
+    let mut cycle_shares: Vec<u64> = shares
+        .iter()
+        .map(|w| cycles * u64::from(*w) / u64::from(workers))
+        .collect();
+    cycle_shares[0] += cycles - cycle_shares.iter().sum::<u64>();
+    let mut children = Vec::new();
+    for (p, (w, c)) in shares.iter().zip(&cycle_shares).enumerate() {
+        let child = Command::new(&exe)
+            .args([
+                "bench-worker",
+                "--backend",
+                url,
+                "--key",
+                key,
+                "--name",
+                &format!("p{p}"),
+            ])
+            .args(["--workers", &w.to_string(), "--cycles", &c.to_string()])
+            .arg("--counter")
+            .arg(&counter)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn();
+        match child {
+            Ok(c) => children.push(c),
+            Err(e) => {
+                merged
+                    .errors
+                    .push(format!("cannot start a bench worker: {e}"));
+                return merged;
+            }
+        }
+    }
+    // Wait until every child is connected, then start them together.
+    let mut outs = Vec::new();
+    for c in &mut children {
+        let Some(out) = c.stdout.take() else { continue };
+        let mut lines = BufReader::new(out).lines();
+        match lines.next_line().await {
+            Ok(Some(l)) if l == "ready" => outs.push(lines),
+            other => merged
+                .errors
+                .push(format!("a bench worker did not start: {other:?}")),
+        }
+    }
+    for c in &mut children {
+        if let Some(mut stdin) = c.stdin.take() {
+            let _ = stdin.write_all(b"go\n").await;
+        }
+    }
+    for mut lines in outs {
+        while let Ok(Some(l)) = lines.next_line().await {
+            if let Some(rest) = l.strip_prefix("hold ") {
+                let parsed = rest
+                    .split_once(' ')
+                    .and_then(|(asked, h)| Some((asked.parse().ok()?, Hold::from_line(h)?)));
+                match parsed {
+                    Some(x) => merged.holds.push(x),
+                    None => merged.errors.push(format!("bad worker line {l:?}")),
+                }
+            } else if let Some(e) = l.strip_prefix("error ") {
+                merged.errors.push(e.to_string());
+            }
+        }
+    }
+    for mut c in children {
+        match c.wait().await {
+            Ok(s) if s.success() => {}
+            other => merged
+                .errors
+                .push(format!("a bench worker failed: {other:?}")),
+        }
+    }
+    merged.counter = std::fs::read_to_string(&counter)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
+    let holds: Vec<Hold> = merged.holds.iter().map(|(_, h)| h.clone()).collect();
+    if let Err(v) = check_history(&holds) {
+        merged
+            .errors
+            .push(format!("history violated across processes: {v}"));
+    }
+    merged
+}
