@@ -52,6 +52,7 @@ start_redis_server() {
 }
 
 start_redis() {
+    ensure_pkg openssl openssl # the TLS tests make their certificates with it
     if port_open 6379; then
         say redis 127.0.0.1:6379 "already running"
         return

@@ -469,6 +469,32 @@ fn bench_prints_json_lines_a_table_and_a_plot() {
 }
 
 #[test]
+fn bench_spreads_workers_over_processes_and_checks_the_merged_history() {
+    let env = Env::new();
+    let o = env.output(&[
+        "bench",
+        "--scenario",
+        "contended",
+        "--processes",
+        "3",
+        "--workers",
+        "6",
+        "--cycles",
+        "90",
+        "--json",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let line: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(line["processes"], 3, "{line}");
+    assert_eq!(
+        line["final_counter"], 90,
+        "the counter file lost updates: {line}"
+    );
+    assert_eq!(line["correct"], true, "{line}");
+    assert!(line["owner_switches"].as_u64().unwrap() > 3, "{line}");
+}
+
+#[test]
 fn demo_sells_exactly_the_stock_and_fences_the_paused_holder() {
     let env = Env::new();
     let o = env.output(&["demo", "--processes", "8", "--stock", "20"]);

@@ -32,6 +32,59 @@ pub(crate) fn map_err(e: RedisError, addr: &str) -> Error {
     }
 }
 
+/// Makes sure TLS can be used: with the `tls` feature, installs rustls's ring
+/// provider as the process default (unless one is installed already).
+#[cfg(feature = "tls")]
+fn ensure_tls() -> Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    Ok(())
+}
+
+#[cfg(not(feature = "tls"))]
+fn ensure_tls() -> Result<()> {
+    Err(Error::config(
+        "rediss:// needs TLS support: enable the cargo feature `tls` of fencelock-redis (`redis-tls` of fencelock and fencelock-cli)",
+    ))
+}
+
+#[cfg(feature = "tls")]
+fn certificates(ca: Vec<u8>) -> redis::TlsCertificates {
+    redis::TlsCertificates {
+        client_tls: None,
+        root_cert: Some(ca),
+    }
+}
+
+#[cfg(feature = "tls")]
+fn client_with_ca(info: redis::ConnectionInfo, ca: Vec<u8>) -> redis::RedisResult<redis::Client> {
+    redis::Client::build_with_tls(info, certificates(ca))
+}
+
+#[cfg(feature = "tls")]
+fn cluster_with_ca(
+    builder: redis::cluster::ClusterClientBuilder,
+    ca: Option<Vec<u8>>,
+) -> redis::cluster::ClusterClientBuilder {
+    match ca {
+        Some(ca) => builder.certs(certificates(ca)),
+        None => builder,
+    }
+}
+
+// Without TLS support `ensure_tls` refuses a CA before these are reached.
+#[cfg(not(feature = "tls"))]
+fn client_with_ca(info: redis::ConnectionInfo, _ca: Vec<u8>) -> redis::RedisResult<redis::Client> {
+    redis::Client::open(info)
+}
+
+#[cfg(not(feature = "tls"))]
+fn cluster_with_ca(
+    builder: redis::cluster::ClusterClientBuilder,
+    _ca: Option<Vec<u8>>,
+) -> redis::cluster::ClusterClientBuilder {
+    builder
+}
+
 fn is_noscript(e: &RedisError) -> bool {
     e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
         || e.code() == Some("NOSCRIPT")
@@ -46,6 +99,19 @@ impl Conn {
         addr: &str,
     ) -> Result<Conn> {
         let err = |e: RedisError| map_err(e, addr);
+        let tls = match target {
+            Target::Single(url) => url.starts_with("rediss:"),
+            Target::Cluster(nodes) => nodes.iter().any(|n| n.starts_with("rediss:")),
+        };
+        if tls || options.tls_ca.is_some() {
+            ensure_tls()?;
+        }
+        let ca = match &options.tls_ca {
+            Some(path) => Some(std::fs::read(path).map_err(|e| {
+                Error::config(format!("redis option tls_ca={}: {e}", path.display()))
+            })?),
+            None => None,
+        };
         match target {
             Target::Single(url) => {
                 let info = url.as_str().into_connection_info().map_err(|e| {
@@ -55,7 +121,12 @@ impl Conn {
                     .redis_settings()
                     .clone()
                     .set_protocol(ProtocolVersion::RESP3);
-                let client = redis::Client::open(info.set_redis_settings(settings)).map_err(err)?;
+                let info = info.set_redis_settings(settings);
+                let client = match ca {
+                    Some(ca) => client_with_ca(info, ca),
+                    None => redis::Client::open(info),
+                }
+                .map_err(err)?;
                 let config = redis::aio::ConnectionManagerConfig::new()
                     .set_response_timeout(Some(options.response_timeout))
                     .set_connection_timeout(Some(options.connect_timeout))
@@ -69,7 +140,8 @@ impl Conn {
                 Ok(Conn::Single(manager))
             }
             Target::Cluster(nodes) => {
-                let client = redis::cluster::ClusterClientBuilder::new(nodes.clone())
+                let builder = redis::cluster::ClusterClientBuilder::new(nodes.clone());
+                let client = cluster_with_ca(builder, ca)
                     .use_protocol(ProtocolVersion::RESP3)
                     .push_sender(push)
                     .response_timeout(options.response_timeout)

@@ -14,6 +14,7 @@ use fencelock_core::{Error, Result, redact_url};
 /// | `wait_timeout=` | 1 s | how long `WAIT` may take |
 /// | `timeout=` | 5 s | response timeout of every command |
 /// | `connect_timeout=` | 5 s | connection timeout |
+/// | `tls_ca=PATH` | system roots | PEM file of the CA that signed the server's certificate (`rediss://`) |
 ///
 /// # Examples
 ///
@@ -39,6 +40,8 @@ pub struct RedisOptions {
     pub response_timeout: Duration,
     /// Connection timeout.
     pub connect_timeout: Duration,
+    /// CA certificate (PEM) to verify a TLS server with, instead of the system roots.
+    pub tls_ca: Option<std::path::PathBuf>,
 }
 
 impl Default for RedisOptions {
@@ -50,6 +53,7 @@ impl Default for RedisOptions {
             wait_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
+            tls_ca: None,
         }
     }
 }
@@ -150,6 +154,7 @@ pub(crate) fn parse_url(url: &str) -> Result<(Target, RedisOptions)> {
             "wait_timeout" => options.wait_timeout = duration(k, v)?,
             "timeout" => options.response_timeout = duration(k, v)?,
             "connect_timeout" => options.connect_timeout = duration(k, v)?,
+            "tls_ca" => options.tls_ca = Some(v.into()),
             // Options of the redis client itself (e.g. protocol) pass through.
             _ => passthrough.push(pair),
         }
