@@ -218,11 +218,29 @@ impl Backend for SqliteBackend {
 
     async fn release(&self, lease: &LeaseRef) -> Result<Released> {
         let l = lease.clone();
-        let released = self.with_conn(move |c| store::release(c, &l)).await?;
+        let (released, _) = self.with_conn(move |c| store::release(c, &l, None)).await?;
         if released.remaining == 0 {
             self.inner.released.notify_waiters();
         }
         Ok(released)
+    }
+
+    async fn release_to(
+        &self,
+        lease: &LeaseRef,
+        next: &Request,
+    ) -> Result<(Released, Option<Grant>)> {
+        let requested_at = Instant::now();
+        let (l, n) = (lease.clone(), next.clone());
+        let (released, handed) = self
+            .with_conn(move |c| store::release(c, &l, Some(&n)))
+            .await?;
+        let grant =
+            handed.map(|(token, holds)| Grant::new(Some(token), next.ttl, holds, requested_at));
+        if released.remaining == 0 && grant.is_none() {
+            self.inner.released.notify_waiters();
+        }
+        Ok((released, grant))
     }
 
     async fn inspect(&self, key: &Key) -> Result<Option<LockInfo>> {

@@ -153,9 +153,17 @@ pub(crate) fn try_acquire(
 ) -> Result<Option<(FencingToken, u32)>> {
     let tx = immediate(conn)?;
     let now = now_ms();
+    purge(&tx, req.key.as_str(), now)?;
+    let granted = grant(&tx, req, now)?;
+    tx.commit().map_err(db_err)?;
+    Ok(granted)
+}
+
+/// Grants `req` inside `tx` if it is admitted (expired holders already purged);
+/// returns the token and the owner's hold count.
+fn grant(tx: &Transaction<'_>, req: &Request, now: i64) -> Result<Option<(FencingToken, u32)>> {
     let key = req.key.as_str();
-    purge(&tx, key, now)?;
-    let rows = holders(&tx, key, now)?;
+    let rows = holders(tx, key, now)?;
     let admission = admit(
         key,
         rows.iter().map(|r| (r.owner.as_str(), r.mode)),
@@ -196,7 +204,6 @@ pub(crate) fn try_acquire(
         // Busy (and any future admission kind): nothing changes.
         _ => None,
     };
-    tx.commit().map_err(db_err)?;
     Ok(granted)
 }
 
@@ -254,7 +261,13 @@ pub(crate) fn renew(conn: &mut Connection, leases: &[LeaseRef]) -> Result<Vec<Re
     Ok(out)
 }
 
-pub(crate) fn release(conn: &mut Connection, lease: &LeaseRef) -> Result<Released> {
+/// Releases one hold; if that lets the key go and `next` is given, grants it to
+/// `next` in the same transaction.
+pub(crate) fn release(
+    conn: &mut Connection,
+    lease: &LeaseRef,
+    next: Option<&Request>,
+) -> Result<(Released, Option<(FencingToken, u32)>)> {
     let tx = immediate(conn)?;
     let now = now_ms();
     let key = lease.key.as_str();
@@ -278,8 +291,12 @@ pub(crate) fn release(conn: &mut Connection, lease: &LeaseRef) -> Result<Release
     tx.prepare_cached(sql)
         .and_then(|mut s| s.execute(params![key, owner]))
         .map_err(db_err)?;
+    let handed = match next {
+        Some(next) if holds == 1 && next.key == lease.key => grant(&tx, next, now)?,
+        _ => None,
+    };
     tx.commit().map_err(db_err)?;
-    Ok(Released::new(u32::try_from(holds - 1).unwrap_or(0)))
+    Ok((Released::new(u32::try_from(holds - 1).unwrap_or(0)), handed))
 }
 
 pub(crate) fn force_release(conn: &mut Connection, key: &Key) -> Result<()> {
