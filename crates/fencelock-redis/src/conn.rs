@@ -23,9 +23,22 @@ pub(crate) enum Conn {
     Cluster(ClusterConnection),
 }
 
-/// Maps a client error: connection trouble names the (redacted) address.
+/// Maps a client error: connection trouble (and refused credentials) names the
+/// (redacted) address.
 pub(crate) fn map_err(e: RedisError, addr: &str) -> Error {
-    if e.is_io_error() || e.is_connection_refusal() || e.is_connection_dropped() || e.is_timeout() {
+    let auth = e.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(e.code(), Some("WRONGPASS" | "NOAUTH"));
+    if auth {
+        Error::connection(
+            NAME,
+            addr,
+            format!("{e} (check the user and password in the URL)"),
+        )
+    } else if e.is_io_error()
+        || e.is_connection_refusal()
+        || e.is_connection_dropped()
+        || e.is_timeout()
+    {
         Error::connection(NAME, addr, e)
     } else {
         Error::backend(NAME, e)

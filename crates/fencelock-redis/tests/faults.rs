@@ -569,3 +569,57 @@ async fn fenced_set_rejects_a_stale_token() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn password_from_the_url_is_used_and_never_shown() {
+    let port = free_port();
+    let _server = redis_on(port, &["--requirepass", "s3cret"]);
+    let ok = RedisBackend::connect(&format!("redis://:s3cret@127.0.0.1:{port}"))
+        .await
+        .unwrap();
+    let locker = Locker::new(ok);
+    locker
+        .lock("k")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let err = RedisBackend::connect(&format!("redis://:wrong-pw@127.0.0.1:{port}"))
+        .await
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        !msg.contains("wrong-pw") && !msg.contains("s3cret"),
+        "password leaked: {msg}"
+    );
+    assert!(msg.contains(&port.to_string()), "{msg}");
+}
+
+#[tokio::test]
+async fn an_uncontended_cycle_is_one_script_each_way() {
+    let port = free_port();
+    let _server = redis_on(port, &[]);
+    let url = format!("redis://127.0.0.1:{port}");
+    let locker = Locker::new(RedisBackend::connect(&url).await.unwrap());
+    // Warm up: the first calls load the scripts.
+    locker
+        .lock("k")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let before = evalsha_calls(&url).await;
+    for _ in 0..100 {
+        let g = locker.lock("k").acquire().await.unwrap();
+        g.release().await.unwrap();
+    }
+    let scripts = evalsha_calls(&url).await - before;
+    assert_eq!(
+        scripts, 200,
+        "100 uncontended cycles ran {scripts} scripts, not one per acquire and one per release"
+    );
+}
