@@ -63,6 +63,23 @@ start_redis() {
     say redis 127.0.0.1:6379 started
 }
 
+start_redlock() {
+    ensure_pkg redis-server redis-server
+    local port started=0
+    for port in 7001 7002 7003 7004 7005; do
+        if ! port_open "$port"; then
+            start_redis_server "$port"
+            wait_port "redlock instance" "$port"
+            started=$((started + 1))
+        fi
+    done
+    if [ "$started" = 0 ]; then
+        say "redlock instances" "127.0.0.1:7001-7005" "already running"
+    else
+        say "redlock instances" "127.0.0.1:7001-7005" "started $started"
+    fi
+}
+
 cluster_ok() {
     redis-cli -p 7101 cluster info 2>/dev/null | grep -q 'cluster_state:ok'
 }
@@ -112,6 +129,7 @@ main() {
     say "sqlite (embedded)" "file" "no server needed"
     say "memory" "in process" "no server needed"
     start_redis
+    start_redlock
     start_redis_cluster
 }
 

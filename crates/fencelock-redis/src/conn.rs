@@ -14,7 +14,7 @@ use redis::{
 };
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::NAME;
+use crate::node::NAME;
 use crate::options::{RedisOptions, Target};
 
 #[derive(Clone)]

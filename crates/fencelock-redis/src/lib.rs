@@ -63,27 +63,25 @@
 #![warn(missing_docs)]
 
 mod conn;
+mod node;
 mod options;
+mod redlock;
 mod scripts;
 mod subs;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use fencelock_core::{
-    Backend, Capabilities, Error, FencingToken, Grant, HolderInfo, Key, LeaseRef, LockInfo, Mode,
-    Released, Renewal, Request, Result, async_trait, redact_url,
+    Backend, Capabilities, Error, FencingToken, Grant, Key, LeaseRef, LockInfo, Released, Renewal,
+    Request, Result, async_trait,
 };
-use redis::Value;
 use tokio::time::Instant;
 
-use conn::{Conn, map_err};
+use node::{Attempt, NAME, Node};
 pub use options::RedisOptions;
 use options::Target;
-use subs::Subscriptions;
-
-const NAME: &str = "redis";
+pub use redlock::RedlockBackend;
 
 /// The longest a waiter sleeps without re-checking, whatever the holder's TTL.
 const MAX_RECHECK: Duration = Duration::from_secs(5);
@@ -95,50 +93,8 @@ pub struct RedisBackend {
 }
 
 struct Inner {
-    conn: Conn,
-    subs: Arc<Subscriptions>,
+    node: Node,
     options: RedisOptions,
-    address: String,
-    /// Makes release request ids unique: a random id per backend plus a counter.
-    client_id: String,
-    releases: AtomicU64,
-}
-
-/// The Redis keys of one lock.
-struct LockKeys {
-    hash: String,
-    expiry: String,
-    fence: String,
-    channel: String,
-}
-
-fn int(v: &Value) -> Option<i64> {
-    match v {
-        Value::Int(i) => Some(*i),
-        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
-        Value::SimpleString(s) => s.parse().ok(),
-        Value::Double(d) => Some(*d as i64),
-        _ => None,
-    }
-}
-
-fn text(v: &Value) -> Option<String> {
-    match v {
-        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
-        Value::SimpleString(s) => Some(s.clone()),
-        Value::Int(i) => Some(i.to_string()),
-        _ => None,
-    }
-}
-
-fn unexpected(what: &str, v: &impl std::fmt::Debug) -> Error {
-    Error::backend(NAME, format!("unexpected reply to {what}: {v:?}"))
-}
-
-/// What the acquire script said.
-enum Attempt {
-    Granted { token: u64, holds: u32 },
-    Busy { left: Duration },
 }
 
 impl RedisBackend {
@@ -165,23 +121,9 @@ impl RedisBackend {
     }
 
     async fn open(url: &str, target: Target, options: RedisOptions) -> Result<RedisBackend> {
-        let address = redact_url(url.split('?').next().unwrap_or(url));
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let conn = Conn::open(&target, &options, tx, &address).await?;
-        // Fail at connect, not at the first lock, if the server does not answer.
-        conn.query::<String>(&redis::cmd("PING"))
-            .await
-            .map_err(|e| map_err(e, &address))?;
-        let subs = Subscriptions::start(conn.clone(), rx);
+        let node = Node::open(url, &target, &options).await?;
         Ok(RedisBackend {
-            inner: Arc::new(Inner {
-                conn,
-                subs,
-                options,
-                address,
-                client_id: uuid::Uuid::new_v4().simple().to_string(),
-                releases: AtomicU64::new(0),
-            }),
+            inner: Arc::new(Inner { node, options }),
         })
     }
 
@@ -190,63 +132,8 @@ impl RedisBackend {
         &self.inner.options
     }
 
-    fn keys(&self, key: &Key) -> LockKeys {
-        let hash = format!("{}{{{}}}", self.inner.options.prefix, key.as_str());
-        LockKeys {
-            expiry: format!("{hash}:exp"),
-            fence: format!("{hash}:fence"),
-            channel: format!("{hash}:ch"),
-            hash,
-        }
-    }
-
-    fn err(&self, e: redis::RedisError) -> Error {
-        map_err(e, &self.inner.address)
-    }
-
-    async fn attempt(&self, req: &Request) -> Result<Attempt> {
-        let k = self.keys(&req.key);
-        let permits = match req.mode {
-            Mode::Semaphore { permits } => permits,
-            _ => 0,
-        };
-        let reply: Vec<Value> = self
-            .inner
-            .conn
-            .invoke(
-                scripts::ACQUIRE
-                    .key(&k.hash)
-                    .key(&k.expiry)
-                    .key(&k.fence)
-                    .arg(req.owner.as_str())
-                    .arg(req.mode.as_label())
-                    .arg(req.ttl.as_millis() as u64)
-                    .arg(u8::from(req.reentrant))
-                    .arg(permits),
-            )
-            .await
-            .map_err(|e| self.err(e))?;
-        match (
-            reply.first().and_then(int),
-            reply.get(1),
-            reply.get(2).and_then(int),
-        ) {
-            (Some(1), Some(token), Some(holds)) => Ok(Attempt::Granted {
-                token: int(token).ok_or_else(|| unexpected("acquire", &reply))? as u64,
-                holds: holds as u32,
-            }),
-            (Some(0), Some(left), _) => Ok(Attempt::Busy {
-                left: Duration::from_millis(int(left).unwrap_or(0).max(0) as u64),
-            }),
-            (Some(-1), Some(held), _) => Err(Error::config(format!(
-                "owner {:?} already holds {:?} as {}; a reentrant acquire must ask for the same mode (asked {})",
-                req.owner.as_str(),
-                req.key.as_str(),
-                text(held).unwrap_or_default(),
-                req.mode
-            ))),
-            _ => Err(unexpected("acquire", &reply)),
-        }
+    fn node(&self) -> &Node {
+        &self.inner.node
     }
 
     /// `WAIT`s for the configured replicas; undoes the grant if too few answer.
@@ -256,7 +143,7 @@ impl RedisBackend {
             return Ok(());
         }
         let acked: i64 = self
-            .inner
+            .node()
             .conn
             .query(
                 redis::cmd("WAIT")
@@ -264,7 +151,7 @@ impl RedisBackend {
                     .arg(self.inner.options.wait_timeout.as_millis() as u64),
             )
             .await
-            .map_err(|e| self.err(e))?;
+            .map_err(|e| self.node().err(e))?;
         if acked >= i64::from(want) {
             return Ok(());
         }
@@ -285,19 +172,7 @@ impl RedisBackend {
     ///
     /// Connection and server errors.
     pub async fn force_release(&self, key: &Key) -> Result<()> {
-        let k = self.keys(key);
-        let _: i64 = self
-            .inner
-            .conn
-            .invoke(
-                scripts::FORCE_RELEASE
-                    .key(&k.hash)
-                    .key(&k.expiry)
-                    .arg(&k.channel),
-            )
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(())
+        self.node().force_release(key).await
     }
 
     /// A fenced write to a resource kept in Redis: stores `value` in the hash
@@ -330,7 +205,7 @@ impl RedisBackend {
         value: &str,
     ) -> Result<bool> {
         let written: i64 = self
-            .inner
+            .node()
             .conn
             .invoke(
                 scripts::FENCED_SET
@@ -339,7 +214,7 @@ impl RedisBackend {
                     .arg(value),
             )
             .await
-            .map_err(|e| self.err(e))?;
+            .map_err(|e| self.node().err(e))?;
         Ok(written == 1)
     }
 
@@ -351,67 +226,23 @@ impl RedisBackend {
     /// Connection and server errors.
     pub async fn fenced_get(&self, resource: &str) -> Result<Option<(String, FencingToken)>> {
         let (value, token): (Option<String>, Option<u64>) = self
-            .inner
+            .node()
             .conn
             .query(redis::cmd("HMGET").arg(resource).arg("value").arg("token"))
             .await
-            .map_err(|e| self.err(e))?;
+            .map_err(|e| self.node().err(e))?;
         Ok(value.zip(token).map(|(v, t)| (v, FencingToken::new(t))))
     }
 
-    /// Runs the release script; with `next`, an exclusive lock that is let go
-    /// passes to `next` in the same step and its grant is returned.
+    /// Releases; with `next`, an exclusive lock that is let go passes to `next`
+    /// in the same step and its grant is returned.
     async fn release_script(
         &self,
         lease: &LeaseRef,
         next: Option<&Request>,
     ) -> Result<(Released, Option<Grant>)> {
-        let k = self.keys(&lease.key);
-        let seq = self.inner.releases.fetch_add(1, Ordering::Relaxed);
-        let latch = format!("{}:latch:{}:{seq}", k.hash, self.inner.client_id);
-        let latch_ms = (self.inner.options.response_timeout * 4).as_millis() as u64;
-        let (next_owner, next_ttl) = match next {
-            Some(n) if n.mode == Mode::Exclusive && n.key == lease.key => {
-                (n.owner.as_str(), n.ttl.as_millis() as u64)
-            }
-            _ => ("", 0),
-        };
-        let mut attempt = 0u64;
         let requested_at = Instant::now();
-        let (left, handed): (i64, u64) = loop {
-            attempt += 1;
-            let r = self
-                .inner
-                .conn
-                .invoke(
-                    scripts::RELEASE
-                        .key(&k.hash)
-                        .key(&k.expiry)
-                        .key(&latch)
-                        .key(&k.fence)
-                        .arg(lease.owner.as_str())
-                        .arg(&k.channel)
-                        .arg(latch_ms)
-                        .arg(u8::from(attempt > 1))
-                        .arg(next_owner)
-                        .arg(next_ttl),
-                )
-                .await;
-            match r {
-                Ok(v) => break v,
-                // The reply may have been lost after the script ran: retry with the
-                // same latch, which returns the first answer instead of releasing twice.
-                // (A handoff is not retried: its next owner simply waits on.)
-                Err(e)
-                    if attempt < 3
-                        && next_owner.is_empty()
-                        && (e.is_io_error() || e.is_timeout() || e.is_connection_dropped()) =>
-                {
-                    tokio::time::sleep(Duration::from_millis(50 * attempt)).await;
-                }
-                Err(e) => return Err(self.err(e)),
-            }
-        };
+        let (left, handed) = self.node().release(lease, next).await?;
         if left < 0 {
             return Err(Error::NotHeld {
                 key: lease.key.to_string(),
@@ -431,27 +262,12 @@ impl RedisBackend {
     }
 
     async fn renew_single_script(&self, leases: &[LeaseRef]) -> Result<Vec<Renewal>> {
-        let mut inv = scripts::RENEW.prepare_invoke();
-        for lease in leases {
-            let k = self.keys(&lease.key);
-            inv.key(k.hash).key(k.expiry);
-            inv.arg(lease.owner.as_str())
-                .arg(lease.ttl.as_millis() as u64);
-        }
-        let reply: Vec<i64> = self
-            .inner
-            .conn
-            .invoke(&inv)
-            .await
-            .map_err(|e| self.err(e))?;
-        if reply.len() != leases.len() {
-            return Err(unexpected("renew", &reply));
-        }
+        let held = self.node().renew(leases).await?;
         Ok(leases
             .iter()
-            .zip(reply)
-            .map(|(lease, ok)| {
-                if ok == 1 {
+            .zip(held)
+            .map(|(lease, held)| {
+                if held {
                     Renewal::Held { ttl: lease.ttl }
                 } else {
                     Renewal::Lost {
@@ -482,7 +298,7 @@ impl Backend for RedisBackend {
     }
 
     fn address(&self) -> String {
-        self.inner.address.clone()
+        self.node().address.clone()
     }
 
     fn default_ttl(&self) -> Option<Duration> {
@@ -491,7 +307,7 @@ impl Backend for RedisBackend {
 
     async fn try_acquire(&self, req: &Request) -> Result<Option<Grant>> {
         let requested_at = Instant::now();
-        match self.attempt(req).await? {
+        match self.node().attempt(req).await? {
             Attempt::Granted { token, holds } => {
                 let grant =
                     Grant::new(Some(FencingToken::new(token)), req.ttl, holds, requested_at);
@@ -508,18 +324,12 @@ impl Backend for RedisBackend {
         };
         // Uncontended: one round trip, no subscription.
         let requested_at = Instant::now();
-        if let Attempt::Granted { token, holds } = self.attempt(req).await? {
+        if let Attempt::Granted { token, holds } = self.node().attempt(req).await? {
             let grant = granted(token, holds, requested_at);
             self.confirm_replicas(req, &grant).await?;
             return Ok(Some(grant));
         }
-        let channel = self.keys(&req.key).channel;
-        let watch = self
-            .inner
-            .subs
-            .watch(&channel)
-            .await
-            .map_err(|e| self.err(e))?;
+        let watch = self.node().watch(&req.key).await?;
         loop {
             // Listen before asking, so a release between the answer and the wait
             // is not missed.
@@ -527,7 +337,7 @@ impl Backend for RedisBackend {
             tokio::pin!(notified);
             notified.as_mut().enable();
             let requested_at = Instant::now();
-            let left = match self.attempt(req).await? {
+            let left = match self.node().attempt(req).await? {
                 Attempt::Granted { token, holds } => {
                     let grant = granted(token, holds, requested_at);
                     self.confirm_replicas(req, &grant).await?;
@@ -553,7 +363,7 @@ impl Backend for RedisBackend {
         if leases.is_empty() {
             return Ok(Vec::new());
         }
-        if !self.inner.conn.is_cluster() {
+        if !self.node().conn.is_cluster() {
             return self.renew_single_script(leases).await;
         }
         // A cluster script may only touch one slot: one script per lease, concurrently.
@@ -581,43 +391,12 @@ impl Backend for RedisBackend {
     }
 
     async fn inspect(&self, key: &Key) -> Result<Option<LockInfo>> {
-        let k = self.keys(key);
-        let reply: Vec<Value> = self
-            .inner
-            .conn
-            .invoke(scripts::INSPECT.key(&k.hash).key(&k.expiry).key(&k.fence))
-            .await
-            .map_err(|e| self.err(e))?;
-        parse_inspect(key.as_str(), &reply)
+        self.node().inspect(key).await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
-        let escaped: String = prefix
-            .chars()
-            .flat_map(|c| {
-                let esc = matches!(c, '*' | '?' | '[' | ']' | '\\').then_some('\\');
-                esc.into_iter().chain(std::iter::once(c))
-            })
-            .collect();
-        let pattern = format!("{}{{{escaped}*}}", self.inner.options.prefix);
-        let mut cmd = redis::cmd("KEYS");
-        cmd.arg(&pattern);
-        let names: Vec<String> = self
-            .inner
-            .conn
-            .query_all_primaries(cmd)
-            .await
-            .map_err(|e| self.err(e))?;
-        let start = self.inner.options.prefix.len() + 1;
-        let mut keys: Vec<String> = names
-            .into_iter()
-            .filter(|n| n.ends_with('}') && n.len() > start)
-            .map(|n| n[start..n.len() - 1].to_string())
-            .collect();
-        keys.sort();
-        keys.dedup();
         let mut out = Vec::new();
-        for k in keys {
+        for k in self.node().keys_under(prefix).await? {
             if let Ok(key) = Key::new(&k)
                 && let Some(info) = self.inspect(&key).await?
                 && !info.holders.is_empty()
@@ -629,86 +408,10 @@ impl Backend for RedisBackend {
     }
 }
 
-fn parse_inspect(key: &str, reply: &[Value]) -> Result<Option<LockInfo>> {
-    let [now, fence, kind, fields, expiries, pttl] = reply else {
-        return Err(unexpected("inspect", &reply));
-    };
-    let now = int(now).ok_or_else(|| unexpected("inspect", &reply))?;
-    let fence = int(fence).map(|f| FencingToken::new(f as u64));
-    let Value::Array(fields) = fields else {
-        return Err(unexpected("inspect", &reply));
-    };
-    let items: Vec<String> = fields.iter().filter_map(text).collect();
-    let mut holders = Vec::new();
-    match text(kind).as_deref() {
-        Some("string") => {
-            let left = int(pttl).unwrap_or(0).max(0) as u64;
-            let mut parts = items
-                .first()
-                .map(|v| v.rsplitn(3, '\t'))
-                .into_iter()
-                .flatten();
-            if let (Some(token), Some(holds), Some(owner)) =
-                (parts.next(), parts.next(), parts.next())
-            {
-                holders.push(HolderInfo::new(
-                    owner,
-                    Mode::Exclusive,
-                    holds.parse().unwrap_or(1),
-                    token.parse().ok().map(FencingToken::new),
-                    Some(Duration::from_millis(left)),
-                ));
-            }
-        }
-        Some("hash") => {
-            let pairs: Vec<(&str, &str)> = items
-                .chunks(2)
-                .filter_map(|c| Some((c.first()?.as_str(), c.get(1)?.as_str())))
-                .collect();
-            let mode = pairs
-                .iter()
-                .find(|(f, _)| *f == "\tm")
-                .and_then(|(_, m)| Mode::parse(m).ok())
-                .unwrap_or(Mode::Shared);
-            let expiries: std::collections::HashMap<String, i64> = match expiries {
-                Value::Array(e) => e
-                    .chunks(2)
-                    .filter_map(|c| {
-                        Some((
-                            text(c.first()?)?,
-                            text(c.get(1)?)?.parse::<f64>().ok()? as i64,
-                        ))
-                    })
-                    .collect(),
-                _ => Default::default(),
-            };
-            for (owner, value) in pairs.iter().filter(|(f, _)| !f.starts_with('\t')) {
-                let (Some(exp), Some((holds, token))) =
-                    (expiries.get(*owner), value.split_once(' '))
-                else {
-                    continue;
-                };
-                holders.push(HolderInfo::new(
-                    *owner,
-                    mode,
-                    holds.parse().unwrap_or(1),
-                    token.parse().ok().map(FencingToken::new),
-                    Some(Duration::from_millis((exp - now).max(0) as u64)),
-                ));
-            }
-        }
-        _ => {}
-    }
-    if holders.is_empty() && fence.is_none() {
-        return Ok(None);
-    }
-    Ok(Some(LockInfo::new(key, holders, fence)))
-}
-
 impl std::fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisBackend")
-            .field("address", &self.inner.address)
+            .field("address", &self.node().address)
             .field("options", &self.inner.options)
             .finish()
     }

@@ -285,3 +285,29 @@ return 1
 ",
     )
 });
+
+/// KEYS: H, F. ARGV: owner, token. Raises the fence to at least `token` and
+/// records `token` as the owner's (Redlock's quorum max-register write).
+pub(crate) static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local token = ARGV[2]
+if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(token) then
+  redis.call('SET', KEYS[2], token)
+end
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind == 'string' then
+  local holder, holds = string.match(redis.call('GET', KEYS[1]), '^(.*)\t(%d+)\t(%d+)$')
+  if holder == ARGV[1] then
+    redis.call('SET', KEYS[1], holder .. '\t' .. holds .. '\t' .. token, 'KEEPTTL')
+  end
+elseif kind == 'hash' then
+  local mine = redis.call('HGET', KEYS[1], ARGV[1])
+  if mine then
+    redis.call('HSET', KEYS[1], ARGV[1], string.match(mine, '^(%d+) ') .. ' ' .. token)
+  end
+end
+return 1
+",
+    )
+});

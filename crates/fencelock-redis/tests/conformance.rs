@@ -49,3 +49,48 @@ async fn redis_cluster_passes_the_conformance_suite() {
         report.skipped()
     );
 }
+
+mod redlock {
+    use std::sync::Arc;
+
+    use fencelock_core::{Backend, Key, Result, async_trait};
+    use fencelock_redis::RedlockBackend;
+    use fencelock_testkit::{Harness, run_conformance};
+
+    pub const FIVE: &str =
+        "redlock://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004,127.0.0.1:7005";
+    pub const THREE: &str = "redlock://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003";
+
+    struct Redlock {
+        url: &'static str,
+    }
+
+    #[async_trait]
+    impl Harness for Redlock {
+        async fn backend(&self) -> Result<Arc<dyn Backend>> {
+            Ok(Arc::new(RedlockBackend::connect(self.url).await?))
+        }
+
+        async fn steal(&self, key: &Key) -> Result<()> {
+            RedlockBackend::connect(self.url)
+                .await?
+                .force_release(key)
+                .await
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redlock_on_5_instances_passes_the_conformance_suite() {
+        let report = run_conformance("redlock-5", Redlock { url: FIVE }).await;
+        report.assert_passed();
+        // A semaphore is not safe under a plain majority: the one skipped case.
+        assert_eq!(report.skipped(), ["semaphore_admits_exactly_n"]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redlock_on_3_instances_passes_the_conformance_suite() {
+        let report = run_conformance("redlock-3", Redlock { url: THREE }).await;
+        report.assert_passed();
+        assert_eq!(report.skipped(), ["semaphore_admits_exactly_n"]);
+    }
+}

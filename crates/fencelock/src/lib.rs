@@ -10,6 +10,7 @@
 //! | `memory://[name]` | this process's memory | always |
 //! | `sqlite://PATH` (`sqlite://` = default file) | a SQLite file shared by the machine's processes | `sqlite` (default) |
 //! | `redis://`, `rediss://`, `redis+cluster://h1:p1,h2:p2` | Redis, Redis Cluster | `redis` |
+//! | `redlock://h1:p1,h2:p2,h3:p3,…` | Redlock over N independent Redis masters | `redis` |
 //!
 //! # Example
 //!
@@ -57,6 +58,7 @@ const SCHEMES: &[(&str, &str, &str)] = &[
     ("redis+cluster", "redis", "redis"),
     ("rediss+cluster", "redis", "redis"),
     ("redlock", "redlock", "redis"),
+    ("rediss+redlock", "redlock", "redis"),
     ("zk", "zookeeper", "zookeeper"),
     ("etcd", "etcd", "etcd"),
     ("postgres", "postgres", "postgres"),
@@ -74,6 +76,7 @@ pub fn compiled_backends() -> Vec<&'static str> {
     }
     if cfg!(feature = "redis") {
         v.push("redis");
+        v.push("redlock");
     }
     v
 }
@@ -109,6 +112,10 @@ pub async fn connect_backend(url: &str) -> Result<Arc<dyn Backend>> {
         "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => {
             Ok(Arc::new(fencelock_redis::RedisBackend::connect(url).await?))
         }
+        #[cfg(feature = "redis")]
+        "redlock" | "rediss+redlock" => Ok(Arc::new(
+            fencelock_redis::RedlockBackend::connect(url).await?,
+        )),
         #[cfg(feature = "sqlite")]
         "sqlite" => Ok(Arc::new(
             fencelock_sqlite::SqliteBackend::connect(url).await?,

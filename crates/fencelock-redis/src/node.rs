@@ -1,0 +1,372 @@
+//! One Redis endpoint (a server or a cluster) and the lock operations on it:
+//! the building block of [`RedisBackend`](crate::RedisBackend) (one node) and
+//! [`RedlockBackend`](crate::RedlockBackend) (N independent nodes).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use fencelock_core::{
+    Error, FencingToken, HolderInfo, Key, LeaseRef, LockInfo, Mode, Request, Result, redact_url,
+};
+use redis::Value;
+
+use crate::conn::{Conn, map_err};
+use crate::options::{RedisOptions, Target};
+use crate::scripts;
+use crate::subs::{Subscriptions, Watch};
+
+pub(crate) const NAME: &str = "redis";
+
+/// The Redis keys of one lock.
+pub(crate) struct LockKeys {
+    pub(crate) hash: String,
+    pub(crate) expiry: String,
+    pub(crate) fence: String,
+    pub(crate) channel: String,
+}
+
+/// What the acquire script said.
+pub(crate) enum Attempt {
+    Granted { token: u64, holds: u32 },
+    Busy { left: Duration },
+}
+
+pub(crate) struct Node {
+    pub(crate) conn: Conn,
+    subs: Arc<Subscriptions>,
+    /// The node's URL without options, password redacted.
+    pub(crate) address: String,
+    prefix: String,
+    /// How long the answer of a partial release is kept for its retry.
+    latch_ms: u64,
+    /// Makes release request ids unique: a random id per node plus a counter.
+    client_id: String,
+    releases: AtomicU64,
+}
+
+pub(crate) fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(i) => Some(*i),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        Value::Double(d) => Some(*d as i64),
+        _ => None,
+    }
+}
+
+pub(crate) fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Int(i) => Some(i.to_string()),
+        _ => None,
+    }
+}
+
+pub(crate) fn unexpected(what: &str, v: &impl std::fmt::Debug) -> Error {
+    Error::backend(NAME, format!("unexpected reply to {what}: {v:?}"))
+}
+
+impl Node {
+    /// Connects to `target` and checks that it answers.
+    pub(crate) async fn open(url: &str, target: &Target, options: &RedisOptions) -> Result<Node> {
+        let address = redact_url(url.split('?').next().unwrap_or(url));
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let conn = Conn::open(target, options, tx, &address).await?;
+        // Fail at connect, not at the first lock, if the server does not answer.
+        conn.query::<String>(&redis::cmd("PING"))
+            .await
+            .map_err(|e| map_err(e, &address))?;
+        let subs = Subscriptions::start(conn.clone(), rx);
+        Ok(Node {
+            conn,
+            subs,
+            address,
+            prefix: options.prefix.clone(),
+            latch_ms: (options.response_timeout * 4).as_millis() as u64,
+            client_id: uuid::Uuid::new_v4().simple().to_string(),
+            releases: AtomicU64::new(0),
+        })
+    }
+
+    pub(crate) fn keys(&self, key: &Key) -> LockKeys {
+        let hash = format!("{}{{{}}}", self.prefix, key.as_str());
+        LockKeys {
+            expiry: format!("{hash}:exp"),
+            fence: format!("{hash}:fence"),
+            channel: format!("{hash}:ch"),
+            hash,
+        }
+    }
+
+    pub(crate) fn err(&self, e: redis::RedisError) -> Error {
+        map_err(e, &self.address)
+    }
+
+    /// One run of the acquire script.
+    pub(crate) async fn attempt(&self, req: &Request) -> Result<Attempt> {
+        let k = self.keys(&req.key);
+        let permits = match req.mode {
+            Mode::Semaphore { permits } => permits,
+            _ => 0,
+        };
+        let reply: Vec<Value> = self
+            .conn
+            .invoke(
+                scripts::ACQUIRE
+                    .key(&k.hash)
+                    .key(&k.expiry)
+                    .key(&k.fence)
+                    .arg(req.owner.as_str())
+                    .arg(req.mode.as_label())
+                    .arg(req.ttl.as_millis() as u64)
+                    .arg(u8::from(req.reentrant))
+                    .arg(permits),
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+        match (
+            reply.first().and_then(int),
+            reply.get(1),
+            reply.get(2).and_then(int),
+        ) {
+            (Some(1), Some(token), Some(holds)) => Ok(Attempt::Granted {
+                token: int(token).ok_or_else(|| unexpected("acquire", &reply))? as u64,
+                holds: holds as u32,
+            }),
+            (Some(0), Some(left), _) => Ok(Attempt::Busy {
+                left: Duration::from_millis(int(left).unwrap_or(0).max(0) as u64),
+            }),
+            (Some(-1), Some(held), _) => Err(Error::config(format!(
+                "owner {:?} already holds {:?} as {}; a reentrant acquire must ask for the same mode (asked {})",
+                req.owner.as_str(),
+                req.key.as_str(),
+                text(held).unwrap_or_default(),
+                req.mode
+            ))),
+            _ => Err(unexpected("acquire", &reply)),
+        }
+    }
+
+    /// Renews `leases` in one script; `true` per lease still held.
+    pub(crate) async fn renew(&self, leases: &[LeaseRef]) -> Result<Vec<bool>> {
+        let mut inv = scripts::RENEW.prepare_invoke();
+        for lease in leases {
+            let k = self.keys(&lease.key);
+            inv.key(k.hash).key(k.expiry);
+            inv.arg(lease.owner.as_str())
+                .arg(lease.ttl.as_millis() as u64);
+        }
+        let reply: Vec<i64> = self.conn.invoke(&inv).await.map_err(|e| self.err(e))?;
+        if reply.len() != leases.len() {
+            return Err(unexpected("renew", &reply));
+        }
+        Ok(reply.into_iter().map(|ok| ok == 1).collect())
+    }
+
+    /// Runs the release script: returns the holds left (-1: not held) and, with
+    /// `next`, the token of the handoff (0: none). Retries after a lost reply
+    /// reuse the request's latch, so they cannot release twice.
+    pub(crate) async fn release(
+        &self,
+        lease: &LeaseRef,
+        next: Option<&Request>,
+    ) -> Result<(i64, u64)> {
+        let k = self.keys(&lease.key);
+        let seq = self.releases.fetch_add(1, Ordering::Relaxed);
+        let latch = format!("{}:latch:{}:{seq}", k.hash, self.client_id);
+        let (next_owner, next_ttl) = match next {
+            Some(n) if n.mode == Mode::Exclusive && n.key == lease.key => {
+                (n.owner.as_str(), n.ttl.as_millis() as u64)
+            }
+            _ => ("", 0),
+        };
+        let mut attempt = 0u64;
+        loop {
+            attempt += 1;
+            let r = self
+                .conn
+                .invoke(
+                    scripts::RELEASE
+                        .key(&k.hash)
+                        .key(&k.expiry)
+                        .key(&latch)
+                        .key(&k.fence)
+                        .arg(lease.owner.as_str())
+                        .arg(&k.channel)
+                        .arg(self.latch_ms)
+                        .arg(u8::from(attempt > 1))
+                        .arg(next_owner)
+                        .arg(next_ttl),
+                )
+                .await;
+            match r {
+                Ok(v) => return Ok(v),
+                // The reply may have been lost after the script ran: retry with the
+                // same latch. (A handoff is not retried: its next owner waits on.)
+                Err(e)
+                    if attempt < 3
+                        && next_owner.is_empty()
+                        && (e.is_io_error() || e.is_timeout() || e.is_connection_dropped()) =>
+                {
+                    tokio::time::sleep(Duration::from_millis(50 * attempt)).await;
+                }
+                Err(e) => return Err(self.err(e)),
+            }
+        }
+    }
+
+    /// Deletes every hold of `key` and wakes its waiters; the fence stays.
+    pub(crate) async fn force_release(&self, key: &Key) -> Result<()> {
+        let k = self.keys(key);
+        let _: i64 = self
+            .conn
+            .invoke(
+                scripts::FORCE_RELEASE
+                    .key(&k.hash)
+                    .key(&k.expiry)
+                    .arg(&k.channel),
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    /// Raises the fence of `key` to at least `token`, and records `token` in
+    /// `owner`'s hold (so that a reentrant acquire gets it back).
+    pub(crate) async fn raise_fence(&self, key: &Key, owner: &str, token: u64) -> Result<()> {
+        let k = self.keys(key);
+        let _: i64 = self
+            .conn
+            .invoke(
+                scripts::RAISE_FENCE
+                    .key(&k.hash)
+                    .key(&k.fence)
+                    .arg(owner)
+                    .arg(token),
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    /// Subscribes to the lock's channel (for waiters).
+    pub(crate) async fn watch(&self, key: &Key) -> Result<Watch> {
+        let channel = self.keys(key).channel;
+        self.subs.watch(&channel).await.map_err(|e| self.err(e))
+    }
+
+    pub(crate) async fn inspect(&self, key: &Key) -> Result<Option<LockInfo>> {
+        let k = self.keys(key);
+        let reply: Vec<Value> = self
+            .conn
+            .invoke(scripts::INSPECT.key(&k.hash).key(&k.expiry).key(&k.fence))
+            .await
+            .map_err(|e| self.err(e))?;
+        parse_inspect(key.as_str(), &reply)
+    }
+
+    /// Keys (not names of Redis keys) of every lock under `prefix`.
+    pub(crate) async fn keys_under(&self, prefix: &str) -> Result<Vec<String>> {
+        let escaped: String = prefix
+            .chars()
+            .flat_map(|c| {
+                let esc = matches!(c, '*' | '?' | '[' | ']' | '\\').then_some('\\');
+                esc.into_iter().chain(std::iter::once(c))
+            })
+            .collect();
+        let mut cmd = redis::cmd("KEYS");
+        cmd.arg(format!("{}{{{escaped}*}}", self.prefix));
+        let names: Vec<String> = self
+            .conn
+            .query_all_primaries(cmd)
+            .await
+            .map_err(|e| self.err(e))?;
+        let start = self.prefix.len() + 1;
+        let mut keys: Vec<String> = names
+            .into_iter()
+            .filter(|n| n.ends_with('}') && n.len() > start)
+            .map(|n| n[start..n.len() - 1].to_string())
+            .collect();
+        keys.sort();
+        keys.dedup();
+        Ok(keys)
+    }
+}
+
+fn parse_inspect(key: &str, reply: &[Value]) -> Result<Option<LockInfo>> {
+    let [now, fence, kind, fields, expiries, pttl] = reply else {
+        return Err(unexpected("inspect", &reply));
+    };
+    let now = int(now).ok_or_else(|| unexpected("inspect", &reply))?;
+    let fence = int(fence).map(|f| FencingToken::new(f as u64));
+    let Value::Array(fields) = fields else {
+        return Err(unexpected("inspect", &reply));
+    };
+    let items: Vec<String> = fields.iter().filter_map(text).collect();
+    let mut holders = Vec::new();
+    match text(kind).as_deref() {
+        Some("string") => {
+            let left = int(pttl).unwrap_or(0).max(0) as u64;
+            let mut parts = items
+                .first()
+                .map(|v| v.rsplitn(3, '\t'))
+                .into_iter()
+                .flatten();
+            if let (Some(token), Some(holds), Some(owner)) =
+                (parts.next(), parts.next(), parts.next())
+            {
+                holders.push(HolderInfo::new(
+                    owner,
+                    Mode::Exclusive,
+                    holds.parse().unwrap_or(1),
+                    token.parse().ok().map(FencingToken::new),
+                    Some(Duration::from_millis(left)),
+                ));
+            }
+        }
+        Some("hash") => {
+            let pairs: Vec<(&str, &str)> = items
+                .chunks(2)
+                .filter_map(|c| Some((c.first()?.as_str(), c.get(1)?.as_str())))
+                .collect();
+            let mode = pairs
+                .iter()
+                .find(|(f, _)| *f == "\tm")
+                .and_then(|(_, m)| Mode::parse(m).ok())
+                .unwrap_or(Mode::Shared);
+            let expiries: std::collections::HashMap<String, i64> = match expiries {
+                Value::Array(e) => e
+                    .chunks(2)
+                    .filter_map(|c| {
+                        Some((
+                            text(c.first()?)?,
+                            text(c.get(1)?)?.parse::<f64>().ok()? as i64,
+                        ))
+                    })
+                    .collect(),
+                _ => Default::default(),
+            };
+            for (owner, value) in pairs.iter().filter(|(f, _)| !f.starts_with('\t')) {
+                let (Some(exp), Some((holds, token))) =
+                    (expiries.get(*owner), value.split_once(' '))
+                else {
+                    continue;
+                };
+                holders.push(HolderInfo::new(
+                    *owner,
+                    mode,
+                    holds.parse().unwrap_or(1),
+                    token.parse().ok().map(FencingToken::new),
+                    Some(Duration::from_millis((exp - now).max(0) as u64)),
+                ));
+            }
+        }
+        _ => {}
+    }
+    if holders.is_empty() && fence.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(LockInfo::new(key, holders, fence)))
+}

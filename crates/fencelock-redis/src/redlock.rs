@@ -1,0 +1,611 @@
+//! Redlock over N independent Redis masters (`redlock://h1:p1,h2:p2,…`), with a
+//! fencing token that cannot go backwards and a lost-lease signal.
+//!
+//! # Algorithm
+//!
+//! - **Acquire**: run the Redis backend's acquire script on all N instances in
+//!   parallel, each bounded by a per-instance timeout far below the TTL (default
+//!   `min(ttl/10, 100 ms)`). The lock is granted when at least `N/2 + 1`
+//!   instances granted it and the validity `ttl − elapsed − drift` (drift =
+//!   `ttl × 1 % + 2 ms`) is still positive. Otherwise every instance that granted
+//!   (or did not answer) is released and the attempt counts as busy; waiters
+//!   retry after a jittered delay, or at once when an instance publishes a
+//!   release.
+//! - **Renew** (the watchdog's batch): one script per instance for all leases;
+//!   a lease stays held only if a majority renewed it within its validity.
+//! - **Release**: on every instance; `NotHeld` only if no instance held it.
+//!
+//! # Fencing: a quorum max-register
+//!
+//! Each instance keeps a fence counter `F_i`. Its acquire script, when it grants,
+//! answers `max(F_i + 1, its clock in µs)` and stores that in `F_i`. A grant that
+//! reached a majority `M` takes the **largest** of those answers as its token `t`,
+//! then writes `t` to every instance with a set-if-greater script
+//! ([`RAISE_FENCE`](crate::scripts)) and needs a majority `W` of them to
+//! acknowledge before the grant counts. So after a grant with token `t`, a
+//! majority holds `F ≥ t`.
+//!
+//! A later holder's acquire majority `M'` intersects `W` (two majorities of N
+//! always share an instance), and that instance answers at least `t + 1`; the
+//! later token is the largest answer, so it is `> t`. Tokens strictly increase
+//! across successive holders, whatever minority of instances failed, restarted
+//! or missed writes in between.
+//!
+//! The one case the register cannot cover alone is the classic objection: an
+//! instance of `W` restarting **empty** during a hold, so that the later majority
+//! meets the earlier one only in that forgetful instance. The clock floor covers
+//! it: every answer is at least the instance's µs clock, so a later grant gets a
+//! larger token as long as instance clocks do not step back (tested: the stale
+//! holder's fenced write is rejected). Exclusion itself, as with every Redlock,
+//! is only safe if restarted instances stay away for a TTL; the fencing token is
+//! what protects the resource when it is not.
+//!
+//! # Modes
+//!
+//! Exclusive and shared: any reader majority and writer majority share an
+//! instance, which never admits both, so readers and writers exclude each other.
+//! A semaphore of N permits is **not** safe under a plain majority (three holders
+//! of a 2-permit semaphore can each hold on a different majority of 5 instances),
+//! so the capability says no.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fencelock_core::{
+    Backend, Capabilities, Error, FencingToken, Grant, HolderInfo, Key, LeaseRef, LockInfo,
+    Released, Renewal, Request, Result, async_trait, drift_allowance, redact_url,
+};
+use futures::future::join_all;
+use tokio::sync::OnceCell;
+use tokio::time::Instant;
+
+use crate::node::{Attempt, Node};
+use crate::options::{RedisOptions, Target};
+use crate::subs::Watch;
+
+const NAME: &str = "redlock";
+
+/// The longest per-instance timeout when none is configured.
+const DEFAULT_INSTANCE_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// A waiter re-tries at least this often (jittered), notifications aside.
+const RETRY_DELAY: Duration = Duration::from_millis(50);
+
+/// One instance, connected lazily: an instance that is down when the backend
+/// is created joins once it answers.
+struct Instance {
+    url: String,
+    target: Target,
+    node: OnceCell<Node>,
+}
+
+/// Redlock over N independent Redis masters. Clones share the connections.
+#[derive(Clone)]
+pub struct RedlockBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    instances: Vec<Instance>,
+    options: RedisOptions,
+    instance_timeout: Option<Duration>,
+    address: String,
+}
+
+/// What one instance answered.
+enum Answer<T> {
+    Ok(T),
+    Failed(Error),
+}
+
+impl RedlockBackend {
+    /// Connects to the instances a `redlock://[user:pass@]h1:p1,h2:p2,…[?opts]`
+    /// URL names (at least 3). Options as for Redis (`prefix`, `ttl`, `timeout`,
+    /// `connect_timeout`, `tls_ca`) plus `instance_timeout=` (default
+    /// `min(ttl/10, 100 ms)`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] for a bad URL or fewer than 3 instances;
+    /// [`Error::Connection`] if fewer than a majority of instances answer.
+    pub async fn connect(url: &str) -> Result<RedlockBackend> {
+        let (rest, query) = match url.split_once('?') {
+            Some((r, q)) => (r, q),
+            None => (url, ""),
+        };
+        let body = rest
+            .strip_prefix("redlock://")
+            .or_else(|| rest.strip_prefix("rediss+redlock://"))
+            .ok_or_else(|| Error::config(format!("{:?} is not a redlock URL", redact_url(url))))?;
+        let scheme = if rest.starts_with("rediss+") {
+            "rediss"
+        } else {
+            "redis"
+        };
+        let mut instance_timeout = None;
+        let mut passthrough = Vec::new();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("instance_timeout", v)) => {
+                    instance_timeout = Some(humantime::parse_duration(v).map_err(|e| {
+                        Error::config(format!(
+                            "redlock option instance_timeout={v:?}: {e}; write e.g. 50ms"
+                        ))
+                    })?)
+                }
+                _ => passthrough.push(pair),
+            }
+        }
+        let (auth, hosts) = match body.rfind('@') {
+            Some(at) => (&body[..=at], &body[at + 1..]),
+            None => ("", body),
+        };
+        let hosts: Vec<&str> = hosts
+            .trim_end_matches('/')
+            .split(',')
+            .filter(|h| !h.is_empty())
+            .collect();
+        if hosts.len() < 3 {
+            return Err(Error::config(format!(
+                "redlock needs at least 3 independent instances, {:?} names {}",
+                redact_url(url),
+                hosts.len()
+            )));
+        }
+        let query = passthrough.join("&");
+        let mut instances = Vec::new();
+        let mut options = None;
+        for h in &hosts {
+            let node_url = format!("{scheme}://{auth}{h}?{query}");
+            let (target, opts) = crate::options::parse_url(&node_url)?;
+            options = Some(opts);
+            instances.push(Instance {
+                url: node_url,
+                target,
+                node: OnceCell::new(),
+            });
+        }
+        let options = options.unwrap_or_default();
+        let backend = RedlockBackend {
+            inner: Arc::new(Inner {
+                instances,
+                options,
+                instance_timeout,
+                address: redact_url(rest),
+            }),
+        };
+        // Connect now; a minority may be down and join later.
+        let answers = backend
+            .on_all(Duration::from_secs(5), |_, _| async { Ok(()) })
+            .await;
+        let up = answers
+            .iter()
+            .filter(|a| matches!(a, Answer::Ok(())))
+            .count();
+        if up < backend.quorum() {
+            let why = answers
+                .into_iter()
+                .find_map(|a| match a {
+                    Answer::Failed(e) => Some(e.to_string()),
+                    Answer::Ok(()) => None,
+                })
+                .unwrap_or_default();
+            return Err(Error::connection(
+                NAME,
+                rest,
+                format!(
+                    "only {up} of {} instances answer, a majority is {} ({why})",
+                    hosts.len(),
+                    backend.quorum()
+                ),
+            ));
+        }
+        Ok(backend)
+    }
+
+    /// How many instances make a majority.
+    pub fn quorum(&self) -> usize {
+        self.inner.instances.len() / 2 + 1
+    }
+
+    /// Deletes every hold of `key` on every instance (an operator breaking a lock).
+    ///
+    /// # Errors
+    ///
+    /// A connection error if no instance could be reached.
+    pub async fn force_release(&self, key: &Key) -> Result<()> {
+        let answers = self
+            .on_all(self.timeout_for(None), |_, n| n.force_release(key))
+            .await;
+        if answers.iter().any(|a| matches!(a, Answer::Ok(()))) {
+            Ok(())
+        } else {
+            Err(self.no_quorum(0, &answers))
+        }
+    }
+
+    fn timeout_for(&self, ttl: Option<Duration>) -> Duration {
+        self.inner.instance_timeout.unwrap_or_else(|| {
+            ttl.map_or(DEFAULT_INSTANCE_TIMEOUT, |t| {
+                (t / 10).min(DEFAULT_INSTANCE_TIMEOUT)
+            })
+        })
+    }
+
+    /// Runs `f(index, node)` on every instance in parallel, each bounded by `timeout`.
+    async fn on_all<'a, T, F, Fut>(&'a self, timeout: Duration, f: F) -> Vec<Answer<T>>
+    where
+        F: Fn(usize, &'a Node) -> Fut,
+        Fut: Future<Output = Result<T>> + 'a,
+    {
+        let f = &f;
+        join_all(
+            self.inner
+                .instances
+                .iter()
+                .enumerate()
+                .map(|(i, inst)| async move {
+                    let node = match tokio::time::timeout(
+                        timeout,
+                        inst.node.get_or_try_init(|| {
+                            Node::open(&inst.url, &inst.target, &self.inner.options)
+                        }),
+                    )
+                    .await
+                    {
+                        Ok(Ok(node)) => node,
+                        Ok(Err(e)) => return Answer::Failed(e),
+                        Err(_) => {
+                            return Answer::Failed(Error::connection(
+                                NAME,
+                                &inst.url,
+                                format!("no answer within {timeout:?}"),
+                            ));
+                        }
+                    };
+                    match tokio::time::timeout(timeout, f(i, node)).await {
+                        Ok(Ok(v)) => Answer::Ok(v),
+                        Ok(Err(e)) => Answer::Failed(e),
+                        Err(_) => Answer::Failed(Error::connection(
+                            NAME,
+                            &node.address,
+                            format!("no answer within the instance timeout of {timeout:?}"),
+                        )),
+                    }
+                }),
+        )
+        .await
+    }
+
+    fn no_quorum<T>(&self, ok: usize, answers: &[Answer<T>]) -> Error {
+        let failed: Vec<String> = answers
+            .iter()
+            .filter_map(|a| match a {
+                Answer::Failed(e) => Some(e.to_string()),
+                Answer::Ok(_) => None,
+            })
+            .collect();
+        Error::connection(
+            NAME,
+            &self.inner.address,
+            format!(
+                "no quorum: {ok} of {} instances agreed, a majority is {}; {} failed ({})",
+                self.inner.instances.len(),
+                self.quorum(),
+                failed.len(),
+                failed.first().cloned().unwrap_or_default()
+            ),
+        )
+    }
+
+    /// One Redlock attempt: `Ok(Ok(grant))`, `Ok(Err(hint))` when busy (time until
+    /// the first holder expires), or a no-quorum error when too few instances answer.
+    async fn attempt(&self, req: &Request) -> Result<std::result::Result<Grant, Duration>> {
+        let start = Instant::now();
+        let timeout = self.timeout_for(Some(req.ttl));
+        let answers = self.on_all(timeout, |_, n| n.attempt(req)).await;
+        let mut granted = Vec::new();
+        let mut busy = 0;
+        let mut hint = Duration::MAX;
+        for (i, a) in answers.iter().enumerate() {
+            match a {
+                Answer::Ok(Attempt::Granted { token, holds }) => granted.push((i, *token, *holds)),
+                Answer::Ok(Attempt::Busy { left }) => {
+                    busy += 1;
+                    hint = hint.min(*left);
+                }
+                Answer::Failed(Error::InvalidConfig(m)) => {
+                    return Err(Error::InvalidConfig(m.clone()));
+                }
+                Answer::Failed(_) => {}
+            }
+        }
+        let valid = |at: Instant| at.duration_since(start) + drift_allowance(req.ttl) < req.ttl;
+        if granted.len() >= self.quorum() && valid(Instant::now()) {
+            // The quorum max-register: the largest answer, written back to a majority.
+            let token = granted.iter().map(|(_, t, _)| *t).max().unwrap_or(0);
+            let raised = self
+                .on_all(timeout, |_, n| {
+                    n.raise_fence(&req.key, req.owner.as_str(), token)
+                })
+                .await;
+            let acks = raised
+                .iter()
+                .filter(|a| matches!(a, Answer::Ok(())))
+                .count();
+            if acks >= self.quorum() && valid(Instant::now()) {
+                let holds = granted.iter().map(|(_, _, h)| *h).max().unwrap_or(1);
+                return Ok(Ok(Grant::new(
+                    Some(FencingToken::new(token)),
+                    req.ttl,
+                    holds,
+                    start,
+                )));
+            }
+        }
+        // Not granted: undo where it was (or may have been) granted.
+        let undo: Vec<usize> = answers
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| match a {
+                Answer::Ok(Attempt::Granted { .. }) => true,
+                // A reentrant request must not take away a hold it had before.
+                Answer::Failed(_) => !req.reentrant,
+                Answer::Ok(Attempt::Busy { .. }) => false,
+            })
+            .map(|(i, _)| i)
+            .collect();
+        if !undo.is_empty() {
+            let lease = LeaseRef::new(req, &Grant::new(None, req.ttl, 1, start));
+            let (lease, undo) = (&lease, &undo);
+            let _ = self
+                .on_all(timeout, |i, n| async move {
+                    if undo.contains(&i) {
+                        n.release(lease, None).await.map(|_| ())
+                    } else {
+                        Ok(())
+                    }
+                })
+                .await;
+        }
+        if granted.len() + busy < self.quorum() {
+            return Err(self.no_quorum(granted.len() + busy, &answers));
+        }
+        Ok(Err(if hint == Duration::MAX {
+            RETRY_DELAY
+        } else {
+            hint
+        }))
+    }
+
+    async fn watches(&self, key: &Key) -> Vec<Watch> {
+        let answers = self
+            .on_all(self.timeout_for(None), |_, n| n.watch(key))
+            .await;
+        answers
+            .into_iter()
+            .filter_map(|a| match a {
+                Answer::Ok(w) => Some(w),
+                Answer::Failed(_) => None,
+            })
+            .collect()
+    }
+}
+
+#[async_trait]
+impl Backend for RedlockBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::NONE
+            .with_fencing(true)
+            .with_shared(true)
+            .with_reentrant(true)
+            .with_native_wait(true)
+            .with_ttl(true)
+            .with_inspect(true)
+            .with_cross_process(true)
+    }
+
+    fn address(&self) -> String {
+        self.inner.address.clone()
+    }
+
+    fn default_ttl(&self) -> Option<Duration> {
+        self.inner.options.default_ttl
+    }
+
+    async fn try_acquire(&self, req: &Request) -> Result<Option<Grant>> {
+        Ok(self.attempt(req).await?.ok())
+    }
+
+    async fn acquire(&self, req: &Request, deadline: Option<Instant>) -> Result<Option<Grant>> {
+        if let Ok(g) = self.attempt(req).await? {
+            return Ok(Some(g));
+        }
+        // Wake on a release published by any instance, or after a jittered delay
+        // (so that competing clients do not retry in lock-step and split the vote).
+        let watches = self.watches(&req.key).await;
+        loop {
+            let notified: Vec<_> = watches
+                .iter()
+                .map(|w| Box::pin(w.notify.notified()))
+                .collect();
+            let mut notified = notified;
+            for n in &mut notified {
+                n.as_mut().enable();
+            }
+            let hint = match self.attempt(req).await? {
+                Ok(g) => return Ok(Some(g)),
+                Err(hint) => hint,
+            };
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(None);
+            }
+            let max = RETRY_DELAY.as_micros() as u64;
+            let jitter = Duration::from_micros(fastrand::u64(max / 2..=max));
+            let mut until = Instant::now() + hint.min(jitter).max(Duration::from_millis(1));
+            if let Some(d) = deadline {
+                until = until.min(d);
+            }
+            let any = async {
+                if notified.is_empty() {
+                    std::future::pending::<()>().await;
+                } else {
+                    futures::future::select_all(notified).await;
+                }
+            };
+            tokio::select! {
+                _ = any => {}
+                _ = tokio::time::sleep_until(until) => {}
+            }
+        }
+    }
+
+    async fn renew(&self, leases: &[LeaseRef]) -> Result<Vec<Renewal>> {
+        let start = Instant::now();
+        let min_ttl = leases
+            .iter()
+            .map(|l| l.ttl)
+            .min()
+            .unwrap_or(DEFAULT_INSTANCE_TIMEOUT);
+        let answers = self
+            .on_all(self.timeout_for(Some(min_ttl)), |_, n| n.renew(leases))
+            .await;
+        let n = self.inner.instances.len();
+        let mut out = Vec::with_capacity(leases.len());
+        for (i, lease) in leases.iter().enumerate() {
+            let held = answers
+                .iter()
+                .filter(|a| matches!(a, Answer::Ok(v) if v[i]))
+                .count();
+            let denied = answers
+                .iter()
+                .filter(|a| matches!(a, Answer::Ok(v) if !v[i]))
+                .count();
+            let in_time = start.elapsed() + drift_allowance(lease.ttl) < lease.ttl;
+            if held >= self.quorum() && in_time {
+                out.push(Renewal::Held { ttl: lease.ttl });
+            } else if denied > n - self.quorum() || (held >= self.quorum() && !in_time) {
+                out.push(Renewal::Lost {
+                    reason: format!(
+                        "renewed on {held} of {n} instances, a majority is {}",
+                        self.quorum()
+                    ),
+                });
+            } else {
+                return Err(self.no_quorum(held, &answers));
+            }
+        }
+        Ok(out)
+    }
+
+    async fn release(&self, lease: &LeaseRef) -> Result<Released> {
+        let answers = self
+            .on_all(self.timeout_for(Some(lease.ttl)), |_, n| {
+                n.release(lease, None)
+            })
+            .await;
+        let left: Vec<i64> = answers
+            .iter()
+            .filter_map(|a| match a {
+                Answer::Ok((left, _)) => Some(*left),
+                Answer::Failed(_) => None,
+            })
+            .collect();
+        if left.is_empty() {
+            return Err(self.no_quorum(0, &answers));
+        }
+        match left.iter().copied().max() {
+            Some(l) if l >= 0 => Ok(Released::new(l as u32)),
+            _ => Err(Error::NotHeld {
+                key: lease.key.to_string(),
+                owner: lease.owner.to_string(),
+            }),
+        }
+    }
+
+    async fn inspect(&self, key: &Key) -> Result<Option<LockInfo>> {
+        let answers = self
+            .on_all(self.timeout_for(None), |_, n| n.inspect(key))
+            .await;
+        let infos: Vec<LockInfo> = answers
+            .into_iter()
+            .filter_map(|a| match a {
+                Answer::Ok(Some(i)) => Some(i),
+                _ => None,
+            })
+            .collect();
+        if infos.is_empty() {
+            return Ok(None);
+        }
+        // A holder counts if a majority of instances has it.
+        let mut holders: Vec<HolderInfo> = Vec::new();
+        for info in &infos {
+            for h in &info.holders {
+                let on = infos
+                    .iter()
+                    .filter(|i| i.holders.iter().any(|x| x.owner == h.owner))
+                    .count();
+                if on >= self.quorum() && !holders.iter().any(|x| x.owner == h.owner) {
+                    let token = infos
+                        .iter()
+                        .flat_map(|i| {
+                            i.holders
+                                .iter()
+                                .filter(|x| x.owner == h.owner)
+                                .map(|x| x.token)
+                        })
+                        .max()
+                        .flatten();
+                    holders.push(HolderInfo::new(
+                        h.owner.clone(),
+                        h.mode,
+                        h.holds,
+                        token,
+                        h.expires_in,
+                    ));
+                }
+            }
+        }
+        let last = infos.iter().filter_map(|i| i.last_token).max();
+        Ok(Some(LockInfo::new(key.as_str(), holders, last)))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
+        let answers = self
+            .on_all(self.timeout_for(None), |_, n| n.keys_under(prefix))
+            .await;
+        let mut keys: Vec<String> = answers
+            .into_iter()
+            .filter_map(|a| match a {
+                Answer::Ok(k) => Some(k),
+                Answer::Failed(_) => None,
+            })
+            .flatten()
+            .collect();
+        keys.sort();
+        keys.dedup();
+        let mut out = Vec::new();
+        for k in keys {
+            if let Ok(key) = Key::new(&k)
+                && let Some(info) = self.inspect(&key).await?
+                && !info.holders.is_empty()
+            {
+                out.push(info);
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl std::fmt::Debug for RedlockBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedlockBackend")
+            .field("address", &self.inner.address)
+            .field("instances", &self.inner.instances.len())
+            .finish()
+    }
+}
