@@ -71,12 +71,30 @@ const DEFAULT_INSTANCE_TIMEOUT: Duration = Duration::from_millis(100);
 /// A waiter re-tries at least this often (jittered), notifications aside.
 const RETRY_DELAY: Duration = Duration::from_millis(50);
 
+/// After a connection failure an instance is skipped for this long (a failed
+/// instance must not cost every operation its timeout); then one call probes it.
+const DOWN_FOR: Duration = Duration::from_secs(1);
+
 /// One instance, connected lazily: an instance that is down when the backend
 /// is created joins once it answers.
 struct Instance {
     url: String,
     target: Target,
     node: OnceCell<Node>,
+    /// Skip the instance until then (it failed recently).
+    down_until: std::sync::Mutex<Option<Instant>>,
+}
+
+impl Instance {
+    fn is_down(&self) -> bool {
+        let down = self.down_until.lock().unwrap_or_else(|p| p.into_inner());
+        down.is_some_and(|t| Instant::now() < t)
+    }
+
+    fn mark(&self, ok: bool) {
+        let mut down = self.down_until.lock().unwrap_or_else(|p| p.into_inner());
+        *down = (!ok).then(|| Instant::now() + DOWN_FOR);
+    }
 }
 
 /// Redlock over N independent Redis masters. Clones share the connections.
@@ -163,6 +181,7 @@ impl RedlockBackend {
                 url: node_url,
                 target,
                 node: OnceCell::new(),
+                down_until: std::sync::Mutex::new(None),
             });
         }
         let options = options.unwrap_or_default();
@@ -232,49 +251,68 @@ impl RedlockBackend {
         })
     }
 
-    /// Runs `f(index, node)` on every instance in parallel, each bounded by `timeout`.
+    /// Runs `f(index, node)` on every instance in parallel, each bounded by
+    /// `timeout`; an instance that failed within [`DOWN_FOR`] is skipped.
     async fn on_all<'a, T, F, Fut>(&'a self, timeout: Duration, f: F) -> Vec<Answer<T>>
     where
         F: Fn(usize, &'a Node) -> Fut,
         Fut: Future<Output = Result<T>> + 'a,
     {
         let f = &f;
-        join_all(
-            self.inner
-                .instances
-                .iter()
-                .enumerate()
-                .map(|(i, inst)| async move {
-                    let node = match tokio::time::timeout(
-                        timeout,
-                        inst.node.get_or_try_init(|| {
-                            Node::open(&inst.url, &inst.target, &self.inner.options)
-                        }),
-                    )
-                    .await
-                    {
-                        Ok(Ok(node)) => node,
-                        Ok(Err(e)) => return Answer::Failed(e),
-                        Err(_) => {
-                            return Answer::Failed(Error::connection(
-                                NAME,
-                                &inst.url,
-                                format!("no answer within {timeout:?}"),
-                            ));
-                        }
-                    };
-                    match tokio::time::timeout(timeout, f(i, node)).await {
-                        Ok(Ok(v)) => Answer::Ok(v),
-                        Ok(Err(e)) => Answer::Failed(e),
-                        Err(_) => Answer::Failed(Error::connection(
-                            NAME,
-                            &node.address,
-                            format!("no answer within the instance timeout of {timeout:?}"),
-                        )),
-                    }
-                }),
-        )
-        .await
+        let calls = self
+            .inner
+            .instances
+            .iter()
+            .enumerate()
+            .map(|(i, inst)| async move {
+                if inst.is_down() {
+                    return Answer::Failed(Error::connection(
+                        NAME,
+                        &inst.url,
+                        format!("it failed within the last {DOWN_FOR:?}"),
+                    ));
+                }
+                let answer = self.call(inst, timeout, |node| f(i, node)).await;
+                // Only connection trouble marks an instance down; a script error is an answer.
+                inst.mark(!matches!(&answer, Answer::Failed(e) if e.is_transient()));
+                answer
+            });
+        join_all(calls).await
+    }
+
+    /// Connects `inst` if needed and runs `f` on it, each step bounded by `timeout`.
+    async fn call<'a, T, Fut>(
+        &'a self,
+        inst: &'a Instance,
+        timeout: Duration,
+        f: impl FnOnce(&'a Node) -> Fut,
+    ) -> Answer<T>
+    where
+        Fut: Future<Output = Result<T>> + 'a,
+    {
+        let open = inst
+            .node
+            .get_or_try_init(|| Node::open(&inst.url, &inst.target, &self.inner.options));
+        let node = match tokio::time::timeout(timeout, open).await {
+            Ok(Ok(node)) => node,
+            Ok(Err(e)) => return Answer::Failed(e),
+            Err(_) => {
+                return Answer::Failed(Error::connection(
+                    NAME,
+                    &inst.url,
+                    format!("no answer within {timeout:?}"),
+                ));
+            }
+        };
+        match tokio::time::timeout(timeout, f(node)).await {
+            Ok(Ok(v)) => Answer::Ok(v),
+            Ok(Err(e)) => Answer::Failed(e),
+            Err(_) => Answer::Failed(Error::connection(
+                NAME,
+                &node.address,
+                format!("no answer within the instance timeout of {timeout:?}"),
+            )),
+        }
     }
 
     fn no_quorum<T>(&self, ok: usize, answers: &[Answer<T>]) -> Error {

@@ -1,0 +1,310 @@
+//! Redlock fault tests, each on five private redis-server instances.
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use fencelock_core::{Error, Hold, Locker, LostReason, Mode, check_history};
+use fencelock_redis::{RedisBackend, RedlockBackend};
+use fencelock_testkit::{FaultProxy, ServerProcess, free_port};
+
+fn redis_on(port: u16) -> ServerProcess {
+    let dir = std::env::temp_dir().join(format!("fencelock-redlock-test-{port}"));
+    let _ = std::fs::create_dir_all(&dir);
+    let mut cmd = Command::new("redis-server");
+    cmd.args([
+        "--bind",
+        "127.0.0.1",
+        "--port",
+        &port.to_string(),
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+    ])
+    .arg("--dir")
+    .arg(&dir)
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    ServerProcess::spawn("redis-server", cmd, port, Duration::from_secs(20))
+        .expect("start redis-server")
+}
+
+struct Five {
+    ports: Vec<u16>,
+    servers: Vec<Option<ServerProcess>>,
+}
+
+impl Five {
+    fn start() -> Five {
+        let ports: Vec<u16> = (0..5).map(|_| free_port()).collect();
+        let servers = ports.iter().map(|p| Some(redis_on(*p))).collect();
+        Five { ports, servers }
+    }
+
+    fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        format!("redlock://{}", hosts.join(","))
+    }
+
+    fn kill(&mut self, i: usize) {
+        if let Some(mut s) = self.servers[i].take() {
+            s.kill();
+        }
+    }
+
+    /// Starts instance `i` again on its port, empty.
+    fn restart(&mut self, i: usize) {
+        self.kill(i);
+        self.servers[i] = Some(redis_on(self.ports[i]));
+    }
+}
+
+/// 32 tasks in 4 lockers contend; the history must stay exclusive.
+async fn contend(url: &str, cycles_per_task: usize) -> Vec<Hold> {
+    let mut lockers = Vec::new();
+    for _ in 0..4 {
+        lockers.push(Locker::new(RedlockBackend::connect(url).await.unwrap()));
+    }
+    let holds = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let counter = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for t in 0..32 {
+        let (l, holds, counter) = (lockers[t % 4].clone(), holds.clone(), counter.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..cycles_per_task {
+                let g = l
+                    .lock("hot")
+                    .ttl(Duration::from_secs(10))
+                    .wait(Duration::from_secs(60))
+                    .acquire()
+                    .await
+                    .unwrap();
+                let acquired_ns = Hold::now_ns();
+                let v = counter.load(Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                counter.store(v + 1, Ordering::SeqCst);
+                holds.lock().unwrap().push(Hold {
+                    holder: format!("task-{t}"),
+                    mode: Mode::Exclusive,
+                    token: g.token().map(|t| t.get()),
+                    acquired_ns,
+                    released_ns: Hold::now_ns(),
+                });
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(
+        counter.load(Ordering::SeqCst),
+        32 * cycles_per_task as u64,
+        "updates were lost"
+    );
+    holds.lock().unwrap().clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_of_five_down_grants_continue_and_stay_exclusive() {
+    let mut five = Five::start();
+    five.kill(1);
+    five.kill(3);
+    let holds = contend(&five.url(), 5).await;
+    let summary =
+        check_history(&holds).unwrap_or_else(|v| panic!("exclusion broken with 2 of 5 down: {v}"));
+    assert_eq!(summary.holds, 160);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_of_five_down_is_a_no_quorum_error_never_a_grant() {
+    let mut five = Five::start();
+    let locker = Locker::new(RedlockBackend::connect(&five.url()).await.unwrap());
+    five.kill(0);
+    five.kill(2);
+    five.kill(4);
+    let start = Instant::now();
+    let r = locker
+        .lock("k")
+        .wait(Duration::from_secs(2))
+        .acquire()
+        .await;
+    let err = r.expect_err("granted without a majority");
+    assert!(matches!(err, Error::Connection { .. }), "{err:?}");
+    assert!(err.to_string().contains("no quorum"), "{err}");
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "the error came after {:?}",
+        start.elapsed()
+    );
+    // Connecting needs a majority too.
+    let err = RedlockBackend::connect(&five.url()).await.unwrap_err();
+    assert!(err.to_string().contains("majority"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_restarted_empty_during_a_hold_cannot_make_tokens_go_backwards() {
+    // The classic objection to Redlock: A holds on instances 0,1,2 (3 and 4 are
+    // down); instance 2 restarts empty; 3 and 4 come back; B gets 2,3,4.
+    let mut five = Five::start();
+    five.kill(3);
+    five.kill(4);
+    let url = five.url();
+    let a = Locker::new(RedlockBackend::connect(&url).await.unwrap());
+    let ga = a
+        .lock("k")
+        .ttl(Duration::from_secs(3))
+        .acquire()
+        .await
+        .unwrap();
+    let ta = ga.token().unwrap();
+    five.restart(2);
+    five.restart(3);
+    five.restart(4);
+    let b = Locker::new(RedlockBackend::connect(&url).await.unwrap());
+    let gb = b
+        .lock("k")
+        .ttl(Duration::from_secs(3))
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .unwrap();
+    // What happens: B is granted while A's lease has not run out — two holders;
+    // Redlock alone cannot prevent it when an instance forgets ...
+    println!(
+        "B granted with A's lease still valid for {:?} (A: token {ta})",
+        ga.deadline()
+            .saturating_duration_since(tokio::time::Instant::now())
+    );
+    // ... but B's token is larger, so the resource can tell them apart ...
+    let tb = gb.token().unwrap();
+    assert!(tb > ta, "token went backwards: {tb} after {ta}");
+    // ... and A learns at its next renewal that it lost the majority.
+    let lost = tokio::time::timeout(Duration::from_secs(5), ga.lost())
+        .await
+        .expect("A never learned");
+    assert!(
+        matches!(
+            lost,
+            Error::Lost {
+                reason: LostReason::NotHeld(_),
+                ..
+            }
+        ),
+        "{lost:?}"
+    );
+    // The fenced resource (kept on the shared Redis) rejects A's stale write.
+    let store = RedisBackend::connect("redis://127.0.0.1:6379")
+        .await
+        .unwrap();
+    let resource = format!("redlock-test:{}", uuid_like());
+    assert!(
+        store
+            .fenced_set(&resource, tb, "written by B")
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .fenced_set(&resource, ta, "stale write by A")
+            .await
+            .unwrap(),
+        "A's stale write got through"
+    );
+    assert_eq!(
+        store.fenced_get(&resource).await.unwrap().unwrap().0,
+        "written by B"
+    );
+    gb.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_come_from_the_largest_fence_of_the_majority() {
+    // The max-register, without the clock: raise one instance's fence far
+    // beyond any clock; the next grant's token must exceed it.
+    let five = Five::start();
+    let url = five.url();
+    let locker = Locker::new(RedlockBackend::connect(&url).await.unwrap());
+    let g = locker.lock("k").acquire().await.unwrap();
+    g.release().await.unwrap();
+    let ahead: u64 = 9_000_000_000_000_000;
+    let mut c = redis::Client::open(format!("redis://127.0.0.1:{}", five.ports[2]).as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("fencelock:{k}:fence")
+        .arg(ahead)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let g = locker.lock("k").acquire().await.unwrap();
+    assert!(
+        g.token().unwrap().get() > ahead,
+        "token {:?} ignored a fence of {ahead}",
+        g.token()
+    );
+    let t = g.token().unwrap();
+    g.release().await.unwrap();
+    // Written back to a majority: the next grant is larger still, even without instance 2.
+    drop(c);
+    let mut five = five;
+    five.kill(2);
+    let g = locker.lock("k").acquire().await.unwrap();
+    assert!(g.token().unwrap() > t);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_slow_instance_does_not_hold_grants_up() {
+    let five = Five::start();
+    let proxy = FaultProxy::start(format!("127.0.0.1:{}", five.ports[4]).parse().unwrap())
+        .await
+        .unwrap();
+    let hosts: Vec<String> = five.ports[..4]
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .chain(std::iter::once(proxy.addr().to_string()))
+        .collect();
+    let url = format!("redlock://{}?instance_timeout=100ms", hosts.join(","));
+    let locker = Locker::new(RedlockBackend::connect(&url).await.unwrap());
+    proxy.set_latency(Duration::from_millis(500));
+    for _ in 0..5 {
+        let start = Instant::now();
+        let g = locker
+            .lock("k")
+            .ttl(Duration::from_secs(10))
+            .acquire()
+            .await
+            .unwrap();
+        // Each grant waits for the slow instance only up to the instance timeout.
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "a grant took {:?}",
+            start.elapsed()
+        );
+        g.release().await.unwrap();
+    }
+}
+
+fn uuid_like() -> String {
+    format!("{:x}", Hold::now_ns())
+}
+
+#[tokio::test]
+async fn bad_urls_are_named() {
+    let e = RedlockBackend::connect("redlock://127.0.0.1:1,127.0.0.1:2")
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("at least 3"), "{e}");
+    let e = RedlockBackend::connect("redlock://a:1,b:2,c:3?instance_timeout=soon")
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("instance_timeout"), "{e}");
+}
