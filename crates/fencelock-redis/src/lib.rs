@@ -242,7 +242,7 @@ impl RedisBackend {
         next: Option<&Request>,
     ) -> Result<(Released, Option<Grant>)> {
         let requested_at = Instant::now();
-        let (left, handed) = self.node().release(lease, next).await?;
+        let (left, handed) = self.node().release(lease, next, 0).await?;
         if left < 0 {
             return Err(Error::NotHeld {
                 key: lease.key.to_string(),
@@ -307,7 +307,7 @@ impl Backend for RedisBackend {
 
     async fn try_acquire(&self, req: &Request) -> Result<Option<Grant>> {
         let requested_at = Instant::now();
-        match self.node().attempt(req).await? {
+        match self.node().attempt(req, 0).await? {
             Attempt::Granted { token, holds } => {
                 let grant =
                     Grant::new(Some(FencingToken::new(token)), req.ttl, holds, requested_at);
@@ -324,7 +324,7 @@ impl Backend for RedisBackend {
         };
         // Uncontended: one round trip, no subscription.
         let requested_at = Instant::now();
-        if let Attempt::Granted { token, holds } = self.node().attempt(req).await? {
+        if let Attempt::Granted { token, holds } = self.node().attempt(req, 0).await? {
             let grant = granted(token, holds, requested_at);
             self.confirm_replicas(req, &grant).await?;
             return Ok(Some(grant));
@@ -337,7 +337,7 @@ impl Backend for RedisBackend {
             tokio::pin!(notified);
             notified.as_mut().enable();
             let requested_at = Instant::now();
-            let left = match self.node().attempt(req).await? {
+            let left = match self.node().attempt(req, 0).await? {
                 Attempt::Granted { token, holds } => {
                     let grant = granted(token, holds, requested_at);
                     self.confirm_replicas(req, &grant).await?;

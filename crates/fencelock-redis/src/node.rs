@@ -104,8 +104,8 @@ impl Node {
         map_err(e, &self.address)
     }
 
-    /// One run of the acquire script.
-    pub(crate) async fn attempt(&self, req: &Request) -> Result<Attempt> {
+    /// One run of the acquire script; `proposal` floors a new token (0: none).
+    pub(crate) async fn attempt(&self, req: &Request, proposal: u64) -> Result<Attempt> {
         let k = self.keys(&req.key);
         let permits = match req.mode {
             Mode::Semaphore { permits } => permits,
@@ -122,7 +122,8 @@ impl Node {
                     .arg(req.mode.as_label())
                     .arg(req.ttl.as_millis() as u64)
                     .arg(u8::from(req.reentrant))
-                    .arg(permits),
+                    .arg(permits)
+                    .arg(proposal),
             )
             .await
             .map_err(|e| self.err(e))?;
@@ -166,12 +167,13 @@ impl Node {
     }
 
     /// Runs the release script: returns the holds left (-1: not held) and, with
-    /// `next`, the token of the handoff (0: none). Retries after a lost reply
-    /// reuse the request's latch, so they cannot release twice.
+    /// `next`, the token of the handoff (0: none; `proposal` floors it). Retries
+    /// after a lost reply reuse the request's latch, so they cannot release twice.
     pub(crate) async fn release(
         &self,
         lease: &LeaseRef,
         next: Option<&Request>,
+        proposal: u64,
     ) -> Result<(i64, u64)> {
         let k = self.keys(&lease.key);
         let seq = self.releases.fetch_add(1, Ordering::Relaxed);
@@ -198,7 +200,8 @@ impl Node {
                         .arg(self.latch_ms)
                         .arg(u8::from(attempt > 1))
                         .arg(next_owner)
-                        .arg(next_ttl),
+                        .arg(next_ttl)
+                        .arg(proposal),
                 )
                 .await;
             match r {

@@ -108,12 +108,85 @@ struct Inner {
     options: RedisOptions,
     instance_timeout: Option<Duration>,
     address: String,
+    /// The last token floor this client proposed.
+    last_proposal: std::sync::atomic::AtomicU64,
 }
 
 /// What one instance answered.
 enum Answer<T> {
     Ok(T),
     Failed(Error),
+}
+
+/// The operations that run on every instance at once on the hot path.
+enum Op {
+    Acquire(Request, u64),
+    Release(LeaseRef, Option<Request>, u64),
+}
+
+/// An instance's answer to an [`Op`].
+enum OpAnswer {
+    Acquire(Attempt),
+    Release(i64, u64),
+}
+
+impl Op {
+    async fn run(&self, node: &Node) -> Result<OpAnswer> {
+        match self {
+            Op::Acquire(req, proposal) => node.attempt(req, *proposal).await.map(OpAnswer::Acquire),
+            Op::Release(lease, next, proposal) => node
+                .release(lease, next.as_ref(), *proposal)
+                .await
+                .map(|(left, handed)| OpAnswer::Release(left, handed)),
+        }
+    }
+}
+
+impl Inner {
+    /// Runs `f` on instance `i` (connecting it first if needed), each step
+    /// bounded by `timeout`; skips an instance that failed within [`DOWN_FOR`],
+    /// and marks it down when it fails now.
+    async fn run_on<'a, T, Fut>(
+        &'a self,
+        i: usize,
+        timeout: Duration,
+        f: impl FnOnce(&'a Node) -> Fut,
+    ) -> Answer<T>
+    where
+        Fut: Future<Output = Result<T>> + 'a,
+    {
+        let inst = &self.instances[i];
+        if inst.is_down() {
+            return Answer::Failed(Error::connection(
+                NAME,
+                &inst.url,
+                format!("it failed within the last {DOWN_FOR:?}"),
+            ));
+        }
+        let open = inst
+            .node
+            .get_or_try_init(|| Node::open(&inst.url, &inst.target, &self.options));
+        let answer = match tokio::time::timeout(timeout, open).await {
+            Ok(Ok(node)) => match tokio::time::timeout(timeout, f(node)).await {
+                Ok(Ok(v)) => Answer::Ok(v),
+                Ok(Err(e)) => Answer::Failed(e),
+                Err(_) => Answer::Failed(Error::connection(
+                    NAME,
+                    &node.address,
+                    format!("no answer within the instance timeout of {timeout:?}"),
+                )),
+            },
+            Ok(Err(e)) => Answer::Failed(e),
+            Err(_) => Answer::Failed(Error::connection(
+                NAME,
+                &inst.url,
+                format!("no answer within {timeout:?}"),
+            )),
+        };
+        // Only connection trouble marks an instance down; a script error is an answer.
+        inst.mark(!matches!(&answer, Answer::Failed(e) if e.is_transient()));
+        answer
+    }
 }
 
 impl RedlockBackend {
@@ -191,6 +264,7 @@ impl RedlockBackend {
                 options,
                 instance_timeout,
                 address: redact_url(rest),
+                last_proposal: std::sync::atomic::AtomicU64::new(0),
             }),
         };
         // Connect now; a minority may be down and join later.
@@ -259,65 +333,55 @@ impl RedlockBackend {
         Fut: Future<Output = Result<T>> + 'a,
     {
         let f = &f;
-        let calls = self
-            .inner
-            .instances
-            .iter()
-            .enumerate()
-            .map(|(i, inst)| async move {
-                if inst.is_down() {
-                    return Answer::Failed(Error::connection(
-                        NAME,
-                        &inst.url,
-                        format!("it failed within the last {DOWN_FOR:?}"),
-                    ));
-                }
-                let answer = self.call(inst, timeout, |node| f(i, node)).await;
-                // Only connection trouble marks an instance down; a script error is an answer.
-                inst.mark(!matches!(&answer, Answer::Failed(e) if e.is_transient()));
-                answer
-            });
-        join_all(calls).await
+        let inner = &*self.inner;
+        join_all(
+            (0..inner.instances.len()).map(|i| inner.run_on(i, timeout, move |node| f(i, node))),
+        )
+        .await
     }
 
-    /// Connects `inst` if needed and runs `f` on it, each step bounded by `timeout`.
-    async fn call<'a, T, Fut>(
-        &'a self,
-        inst: &'a Instance,
+    /// Runs `op` on every instance in parallel and returns as soon as a
+    /// majority answered with `success` (or everyone answered). The calls still
+    /// running go on in the background, so every instance gets the request.
+    async fn on_quorum(
+        &self,
         timeout: Duration,
-        f: impl FnOnce(&'a Node) -> Fut,
-    ) -> Answer<T>
-    where
-        Fut: Future<Output = Result<T>> + 'a,
-    {
-        let open = inst
-            .node
-            .get_or_try_init(|| Node::open(&inst.url, &inst.target, &self.inner.options));
-        let node = match tokio::time::timeout(timeout, open).await {
-            Ok(Ok(node)) => node,
-            Ok(Err(e)) => return Answer::Failed(e),
-            Err(_) => {
-                return Answer::Failed(Error::connection(
-                    NAME,
-                    &inst.url,
-                    format!("no answer within {timeout:?}"),
-                ));
-            }
-        };
-        match tokio::time::timeout(timeout, f(node)).await {
-            Ok(Ok(v)) => Answer::Ok(v),
-            Ok(Err(e)) => Answer::Failed(e),
-            Err(_) => Answer::Failed(Error::connection(
-                NAME,
-                &node.address,
-                format!("no answer within the instance timeout of {timeout:?}"),
-            )),
+        op: Op,
+        success: fn(&OpAnswer) -> bool,
+    ) -> Vec<Option<Answer<OpAnswer>>> {
+        let n = self.inner.instances.len();
+        let op = Arc::new(op);
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        for i in 0..n {
+            let (inner, op, tx) = (self.inner.clone(), op.clone(), tx.clone());
+            tokio::spawn(async move {
+                let answer = inner.run_on(i, timeout, |node| op.run(node)).await;
+                let _ = tx.send((i, answer));
+            });
         }
+        drop(tx);
+        let mut out: Vec<Option<Answer<OpAnswer>>> = (0..n).map(|_| None).collect();
+        let (mut ok, mut done) = (0, 0);
+        while let Some((i, answer)) = rx.recv().await {
+            if matches!(&answer, Answer::Ok(a) if success(a)) {
+                ok += 1;
+            }
+            out[i] = Some(answer);
+            done += 1;
+            if ok >= self.quorum() || done == n {
+                break;
+            }
+        }
+        out
     }
 
-    fn no_quorum<T>(&self, ok: usize, answers: &[Answer<T>]) -> Error {
+    fn no_quorum<'a, T: 'a>(
+        &self,
+        ok: usize,
+        answers: impl IntoIterator<Item = &'a Answer<T>>,
+    ) -> Error {
         let failed: Vec<String> = answers
-            .iter()
+            .into_iter()
             .filter_map(|a| match a {
                 Answer::Failed(e) => Some(e.to_string()),
                 Answer::Ok(_) => None,
@@ -336,42 +400,109 @@ impl RedlockBackend {
         )
     }
 
+    /// A floor for the next token, proposed to every instance so that they can
+    /// agree on it in the same round trip: this client's clock in µs plus a
+    /// second of allowance for clock skew, strictly rising per client.
+    fn propose(&self) -> u64 {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
+        let want = now + 1_000_000;
+        let prev = self
+            .inner
+            .last_proposal
+            .fetch_max(want, std::sync::atomic::Ordering::Relaxed);
+        if prev >= want {
+            self.inner
+                .last_proposal
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                + 1
+        } else {
+            want
+        }
+    }
+
+    /// Turns the answers of a majority into the grant's token (the quorum
+    /// max-register): the largest answer. If every answer is the proposal, the
+    /// majority already stored it; otherwise it is written back to a majority.
+    /// `None` if that write-back did not reach a majority.
+    async fn settle_token(
+        &self,
+        req: &Request,
+        answers: &[u64],
+        proposal: u64,
+        timeout: Duration,
+    ) -> Option<u64> {
+        let token = answers.iter().copied().max()?;
+        if answers.iter().all(|t| *t == proposal) {
+            return Some(token);
+        }
+        let raised = self
+            .on_all(timeout, |_, n| {
+                n.raise_fence(&req.key, req.owner.as_str(), token)
+            })
+            .await;
+        let acks = raised
+            .iter()
+            .filter(|a| matches!(a, Answer::Ok(())))
+            .count();
+        (acks >= self.quorum()).then_some(token)
+    }
+
+    /// Releases `owner`'s hold on the instances listed in `on` (undoing a grant
+    /// that did not reach a majority).
+    async fn undo(&self, req: &Request, on: &[usize], timeout: Duration) {
+        if on.is_empty() {
+            return;
+        }
+        let lease = LeaseRef::new(req, &Grant::new(None, req.ttl, 1, Instant::now()));
+        let lease = &lease;
+        let _ = self
+            .on_all(timeout, |i, n| async move {
+                if on.contains(&i) {
+                    n.release(lease, None, 0).await.map(|_| ())
+                } else {
+                    Ok(())
+                }
+            })
+            .await;
+    }
+
     /// One Redlock attempt: `Ok(Ok(grant))`, `Ok(Err(hint))` when busy (time until
     /// the first holder expires), or a no-quorum error when too few instances answer.
     async fn attempt(&self, req: &Request) -> Result<std::result::Result<Grant, Duration>> {
         let start = Instant::now();
         let timeout = self.timeout_for(Some(req.ttl));
-        let answers = self.on_all(timeout, |_, n| n.attempt(req)).await;
+        let proposal = self.propose();
+        let answers = self
+            .on_quorum(timeout, Op::Acquire(req.clone(), proposal), |a| {
+                matches!(a, OpAnswer::Acquire(Attempt::Granted { .. }))
+            })
+            .await;
         let mut granted = Vec::new();
         let mut busy = 0;
         let mut hint = Duration::MAX;
         for (i, a) in answers.iter().enumerate() {
             match a {
-                Answer::Ok(Attempt::Granted { token, holds }) => granted.push((i, *token, *holds)),
-                Answer::Ok(Attempt::Busy { left }) => {
+                Some(Answer::Ok(OpAnswer::Acquire(Attempt::Granted { token, holds }))) => {
+                    granted.push((i, *token, *holds))
+                }
+                Some(Answer::Ok(OpAnswer::Acquire(Attempt::Busy { left }))) => {
                     busy += 1;
                     hint = hint.min(*left);
                 }
-                Answer::Failed(Error::InvalidConfig(m)) => {
+                Some(Answer::Failed(Error::InvalidConfig(m))) => {
                     return Err(Error::InvalidConfig(m.clone()));
                 }
-                Answer::Failed(_) => {}
+                _ => {}
             }
         }
         let valid = |at: Instant| at.duration_since(start) + drift_allowance(req.ttl) < req.ttl;
         if granted.len() >= self.quorum() && valid(Instant::now()) {
-            // The quorum max-register: the largest answer, written back to a majority.
-            let token = granted.iter().map(|(_, t, _)| *t).max().unwrap_or(0);
-            let raised = self
-                .on_all(timeout, |_, n| {
-                    n.raise_fence(&req.key, req.owner.as_str(), token)
-                })
-                .await;
-            let acks = raised
-                .iter()
-                .filter(|a| matches!(a, Answer::Ok(())))
-                .count();
-            if acks >= self.quorum() && valid(Instant::now()) {
+            let tokens: Vec<u64> = granted.iter().map(|(_, t, _)| *t).collect();
+            if let Some(token) = self.settle_token(req, &tokens, proposal, timeout).await
+                && valid(Instant::now())
+            {
                 let holds = granted.iter().map(|(_, _, h)| *h).max().unwrap_or(1);
                 return Ok(Ok(Grant::new(
                     Some(FencingToken::new(token)),
@@ -386,34 +517,95 @@ impl RedlockBackend {
             .iter()
             .enumerate()
             .filter(|(_, a)| match a {
-                Answer::Ok(Attempt::Granted { .. }) => true,
+                Some(Answer::Ok(OpAnswer::Acquire(Attempt::Granted { .. }))) => true,
                 // A reentrant request must not take away a hold it had before.
-                Answer::Failed(_) => !req.reentrant,
-                Answer::Ok(Attempt::Busy { .. }) => false,
+                Some(Answer::Failed(_)) | None => !req.reentrant,
+                Some(Answer::Ok(_)) => false,
             })
             .map(|(i, _)| i)
             .collect();
-        if !undo.is_empty() {
-            let lease = LeaseRef::new(req, &Grant::new(None, req.ttl, 1, start));
-            let (lease, undo) = (&lease, &undo);
-            let _ = self
-                .on_all(timeout, |i, n| async move {
-                    if undo.contains(&i) {
-                        n.release(lease, None).await.map(|_| ())
-                    } else {
-                        Ok(())
-                    }
-                })
-                .await;
-        }
+        self.undo(req, &undo, timeout).await;
         if granted.len() + busy < self.quorum() {
-            return Err(self.no_quorum(granted.len() + busy, &answers));
+            return Err(self.no_quorum(granted.len() + busy, answers.iter().flatten()));
         }
         Ok(Err(if hint == Duration::MAX {
             RETRY_DELAY
         } else {
             hint
         }))
+    }
+
+    /// Releases `lease` on every instance; with `next`, each instance that lets
+    /// the lock go hands it to `next` in the same script. The handoff counts if
+    /// a majority handed it over within the validity (its token settled as for
+    /// an acquire); otherwise it is undone and `next` waits on as usual.
+    async fn release_on_all(
+        &self,
+        lease: &LeaseRef,
+        next: Option<&Request>,
+    ) -> Result<(Released, Option<Grant>)> {
+        let start = Instant::now();
+        let timeout = self.timeout_for(Some(lease.ttl));
+        let proposal = if next.is_some() { self.propose() } else { 0 };
+        let op = Op::Release(lease.clone(), next.cloned(), proposal);
+        // With a handoff, a majority must hand over; without, a majority must answer.
+        let success: fn(&OpAnswer) -> bool = if next.is_some() {
+            |a| matches!(a, OpAnswer::Release(_, handed) if *handed > 0)
+        } else {
+            |a| matches!(a, OpAnswer::Release(..))
+        };
+        let answers = self.on_quorum(timeout, op, success).await;
+        let left: Vec<i64> = answers
+            .iter()
+            .filter_map(|a| match a {
+                Some(Answer::Ok(OpAnswer::Release(left, _))) => Some(*left),
+                _ => None,
+            })
+            .collect();
+        if left.is_empty() {
+            return Err(self.no_quorum(0, answers.iter().flatten()));
+        }
+        let released = match left.iter().copied().max() {
+            Some(l) if l >= 0 => Released::new(l as u32),
+            _ => {
+                return Err(Error::NotHeld {
+                    key: lease.key.to_string(),
+                    owner: lease.owner.to_string(),
+                });
+            }
+        };
+        let Some(next) = next else {
+            return Ok((released, None));
+        };
+        let handed: Vec<(usize, u64)> = answers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| match a {
+                Some(Answer::Ok(OpAnswer::Release(_, t))) if *t > 0 => Some((i, *t)),
+                _ => None,
+            })
+            .collect();
+        if handed.is_empty() {
+            return Ok((released, None));
+        }
+        let valid = start.elapsed() + drift_allowance(next.ttl) < next.ttl;
+        if handed.len() >= self.quorum() && valid {
+            let tokens: Vec<u64> = handed.iter().map(|(_, t)| *t).collect();
+            if let Some(token) = self.settle_token(next, &tokens, proposal, timeout).await {
+                return Ok((
+                    released,
+                    Some(Grant::new(
+                        Some(FencingToken::new(token)),
+                        next.ttl,
+                        1,
+                        start,
+                    )),
+                ));
+            }
+        }
+        let on: Vec<usize> = handed.iter().map(|(i, _)| *i).collect();
+        self.undo(next, &on, timeout).await;
+        Ok((released, None))
     }
 
     async fn watches(&self, key: &Key) -> Vec<Watch> {
@@ -541,28 +733,15 @@ impl Backend for RedlockBackend {
     }
 
     async fn release(&self, lease: &LeaseRef) -> Result<Released> {
-        let answers = self
-            .on_all(self.timeout_for(Some(lease.ttl)), |_, n| {
-                n.release(lease, None)
-            })
-            .await;
-        let left: Vec<i64> = answers
-            .iter()
-            .filter_map(|a| match a {
-                Answer::Ok((left, _)) => Some(*left),
-                Answer::Failed(_) => None,
-            })
-            .collect();
-        if left.is_empty() {
-            return Err(self.no_quorum(0, &answers));
-        }
-        match left.iter().copied().max() {
-            Some(l) if l >= 0 => Ok(Released::new(l as u32)),
-            _ => Err(Error::NotHeld {
-                key: lease.key.to_string(),
-                owner: lease.owner.to_string(),
-            }),
-        }
+        Ok(self.release_on_all(lease, None).await?.0)
+    }
+
+    async fn release_to(
+        &self,
+        lease: &LeaseRef,
+        next: &Request,
+    ) -> Result<(Released, Option<Grant>)> {
+        self.release_on_all(lease, Some(next)).await
     }
 
     async fn inspect(&self, key: &Key) -> Result<Option<LockInfo>> {

@@ -16,10 +16,12 @@
 //! which keeps the exclusive path — the common one — to a handful of commands.
 //! Owners cannot contain control characters, so tabs never clash.
 //!
-//! Tokens: `max(last + 1, server time in µs)`. The time floor keeps tokens rising
-//! even if the fence key is lost (Redis restarted empty, a failover to a replica
-//! that missed the last writes), provided the server clock does not step back
-//! across that event and a key sees fewer than one grant per microsecond.
+//! Tokens: `max(last + 1, server time in µs, proposal)`. The time floor keeps
+//! tokens rising even if the fence key is lost (Redis restarted empty, a failover
+//! to a replica that missed the last writes), provided the server clock does not
+//! step back across that event and a key sees fewer than one grant per
+//! microsecond. The proposal (0 for a single Redis) lets Redlock's instances
+//! agree on one token in the same round trip (see the `redlock` module).
 
 use std::sync::LazyLock;
 
@@ -32,11 +34,11 @@ macro_rules! prologue {
         r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local function mint(F)
-  local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local token = string.format('%.0f', now_us)
+local function mint(F, proposal)
+  local floor = math.max(tonumber(t[1]) * 1000000 + tonumber(t[2]), tonumber(proposal) or 0)
+  local token = string.format('%.0f', floor)
   local prev = redis.call('SET', F, token, 'GET')
-  if prev and tonumber(prev) >= now_us then
+  if prev and tonumber(prev) >= floor then
     token = string.format('%.0f', tonumber(prev) + 1)
     redis.call('SET', F, token)
   end
@@ -64,7 +66,8 @@ end
     };
 }
 
-/// KEYS: H, Z, F. ARGV: owner, mode, ttl_ms, reentrant (1/0), permits.
+/// KEYS: H, Z, F. ARGV: owner, mode, ttl_ms, reentrant (1/0), permits,
+/// proposal (a floor for a new token; 0 for none).
 /// Returns `{1, token, holds}` granted, `{0, ms_until_first_expiry}` busy,
 /// `{-1, held_mode}` when the owner holds the key in another mode.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
@@ -75,7 +78,7 @@ local H, Z, F = KEYS[1], KEYS[2], KEYS[3]
 local owner, mode, ttl, reentrant, permits = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
 local kind = redis.call('TYPE', H)['ok']
 if kind == 'none' then
-  local token = mint(F)
+  local token = mint(F, ARGV[6])
   if mode == 'exclusive' then
     redis.call('SET', H, owner .. '\t1\t' .. token, 'PX', ttl)
   else
@@ -103,7 +106,7 @@ local held = redis.call('HGET', H, '\tm') or ''
 local n = purge(H, Z)
 if n == 0 then
   redis.call('DEL', H, Z)
-  local token = mint(F)
+  local token = mint(F, ARGV[6])
   if mode == 'exclusive' then
     redis.call('SET', H, owner .. '\t1\t' .. token, 'PX', ttl)
   else
@@ -132,7 +135,7 @@ if not ok then
   local first = redis.call('ZRANGE', Z, 0, 0, 'WITHSCORES')
   return {0, tonumber(first[2]) - now}
 end
-local token = mint(F)
+local token = mint(F, ARGV[6])
 redis.call('HSET', H, owner, '1 ' .. token)
 redis.call('ZADD', Z, now + ttl, owner)
 keep_alive(H, Z)
@@ -173,7 +176,7 @@ return out
 });
 
 /// KEYS: H, Z, latch, F. ARGV: owner, channel, latch_ttl_ms, retry (1/0),
-/// next_owner ('' for none), next_ttl_ms.
+/// next_owner ('' for none), next_ttl_ms, proposal (floor of the next token).
 ///
 /// Returns `{holds_left, handed_token}`: `holds_left` is -1 when the owner holds
 /// nothing, else the holds left (0: let go). When an exclusive lock is let go
@@ -206,7 +209,7 @@ if kind == 'string' then
       return {holds, 0}
     end
     if next_owner ~= '' then
-      local next_token = mint(F)
+      local next_token = mint(F, ARGV[7])
       redis.call('SET', H, next_owner .. '\t1\t' .. next_token, 'PX', ARGV[6])
       return {0, next_token}
     end
