@@ -13,17 +13,26 @@
 //!   release.
 //! - **Renew** (the watchdog's batch): one script per instance for all leases;
 //!   a lease stays held only if a majority renewed it within its validity.
-//! - **Release**: on every instance; `NotHeld` only if no instance held it.
+//! - **Release**: on every instance; `NotHeld` only if no instance held it. A
+//!   release to the next waiter of the same `Locker` hands the lock over inside
+//!   each instance's release script; the handoff counts when a majority handed
+//!   it (its token settled as below), and is undone otherwise.
+//! - Operations return as soon as a majority answered; the requests to the
+//!   other instances still run, in the background. An instance that failed is
+//!   skipped for a second, so a dead instance does not cost every operation its
+//!   timeout.
 //!
 //! # Fencing: a quorum max-register
 //!
-//! Each instance keeps a fence counter `F_i`. Its acquire script, when it grants,
-//! answers `max(F_i + 1, its clock in µs)` and stores that in `F_i`. A grant that
-//! reached a majority `M` takes the **largest** of those answers as its token `t`,
-//! then writes `t` to every instance with a set-if-greater script
-//! ([`RAISE_FENCE`](crate::scripts)) and needs a majority `W` of them to
-//! acknowledge before the grant counts. So after a grant with token `t`, a
-//! majority holds `F ≥ t`.
+//! Each instance keeps a fence counter `F_i`. The client proposes a floor `p`
+//! (its clock in µs plus one second for skew, rising per client); an instance
+//! that grants answers `max(F_i + 1, its own clock in µs, p)` and stores that in
+//! `F_i`. A grant that reached a majority `M` takes the **largest** answer as its
+//! token `t`. If every answer was `p`, the instances of `M` already store `t`;
+//! otherwise `t` is written to every instance with a set-if-greater script
+//! (`RAISE_FENCE`), and a majority must acknowledge before the grant counts.
+//! Either way, after a grant with token `t`, a majority `W` holds `F ≥ t` — and
+//! in the common case that cost no extra round trip.
 //!
 //! A later holder's acquire majority `M'` intersects `W` (two majorities of N
 //! always share an instance), and that instance answers at least `t + 1`; the
