@@ -351,35 +351,37 @@ impl RedlockBackend {
 
     /// Runs `op` on every instance in parallel and returns as soon as a
     /// majority answered with `success` (or everyone answered). The calls still
-    /// running go on in the background, so every instance gets the request.
+    /// running are moved to a background task, so every instance gets the
+    /// request and its reply is handled (a late grant is renewed and released
+    /// like the others).
     async fn on_quorum(
         &self,
         timeout: Duration,
         op: Op,
         success: fn(&OpAnswer) -> bool,
     ) -> Vec<Option<Answer<OpAnswer>>> {
+        use futures::stream::{FuturesUnordered, StreamExt};
         let n = self.inner.instances.len();
         let op = Arc::new(op);
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        for i in 0..n {
-            let (inner, op, tx) = (self.inner.clone(), op.clone(), tx.clone());
-            tokio::spawn(async move {
-                let answer = inner.run_on(i, timeout, |node| op.run(node)).await;
-                let _ = tx.send((i, answer));
-            });
-        }
-        drop(tx);
+        let mut calls: FuturesUnordered<_> = (0..n)
+            .map(|i| {
+                let (inner, op) = (self.inner.clone(), op.clone());
+                async move { (i, inner.run_on(i, timeout, |node| op.run(node)).await) }
+            })
+            .collect();
         let mut out: Vec<Option<Answer<OpAnswer>>> = (0..n).map(|_| None).collect();
-        let (mut ok, mut done) = (0, 0);
-        while let Some((i, answer)) = rx.recv().await {
+        let mut ok = 0;
+        while let Some((i, answer)) = calls.next().await {
             if matches!(&answer, Answer::Ok(a) if success(a)) {
                 ok += 1;
             }
             out[i] = Some(answer);
-            done += 1;
-            if ok >= self.quorum() || done == n {
+            if ok >= self.quorum() {
                 break;
             }
+        }
+        if !calls.is_empty() {
+            tokio::spawn(async move { while calls.next().await.is_some() {} });
         }
         out
     }
