@@ -10,10 +10,12 @@ STATE_DIR=${FENCELOCK_SERVICES_DIR:-/tmp/fencelock-services}
 mkdir -p "$STATE_DIR"
 
 apt_updated=0
-# ensure_pkg PACKAGE COMMAND: installs PACKAGE unless COMMAND is on the PATH.
+# ensure_pkg PACKAGE COMMAND|FILE: installs PACKAGE unless COMMAND is on the PATH
+# (or FILE exists).
 ensure_pkg() {
     local pkg=$1 cmd=$2
     command -v "$cmd" >/dev/null 2>&1 && return 0
+    [ -e "$cmd" ] && return 0
     if [ "$apt_updated" = 0 ]; then
         apt-get update -qq
         apt_updated=1
@@ -111,6 +113,82 @@ start_redis_cluster() {
     say "redis cluster" "127.0.0.1:7101-7103" started
 }
 
+ZK_CLASSPATH="/etc/zookeeper/conf_example:/usr/share/java/zookeeper.jar"
+
+# zk_server DIR CLIENT_PORT [MYID SERVERS…]: one ZooKeeper server (Debian's jar)
+# with a short tick (sessions from 1 s) and quick container cleanup.
+zk_server() {
+    local dir=$1 port=$2 myid=${3:-} s
+    shift 3 2>/dev/null || shift $#
+    rm -rf "$dir"
+    mkdir -p "$dir/data"
+    {
+        echo "tickTime=500"
+        echo "initLimit=20"
+        echo "syncLimit=10"
+        echo "dataDir=$dir/data"
+        echo "clientPort=$port"
+        echo "clientPortAddress=127.0.0.1"
+        echo "maxSessionTimeout=60000"
+        echo "admin.enableServer=false"
+        echo "4lw.commands.whitelist=*"
+        for s in "$@"; do echo "$s"; done
+    } >"$dir/zoo.cfg"
+    [ -n "$myid" ] && echo "$myid" >"$dir/data/myid"
+    nohup java -cp "$ZK_CLASSPATH" -Dzookeeper.log.dir="$dir" -Dznode.container.checkIntervalMs=500 \
+        org.apache.zookeeper.server.quorum.QuorumPeerMain "$dir/zoo.cfg" >"$dir/server.log" 2>&1 &
+    echo $! >"$STATE_DIR/zookeeper-$port.pid"
+}
+
+# zk_ok PORT: the server answers and serves requests.
+zk_ok() {
+    local out
+    out=$( (exec 3<>"/dev/tcp/127.0.0.1/$1" && echo srvr >&3 && timeout 2 cat <&3) 2>/dev/null) || return 1
+    echo "$out" | grep -q 'Mode: \(standalone\|leader\|follower\)'
+}
+
+wait_zk() {
+    local name=$1 port=$2 i
+    for ((i = 0; i < 600; i++)); do
+        zk_ok "$port" && return 0
+        sleep 0.1
+    done
+    echo "services: $name did not serve on 127.0.0.1:$port within 60s" >&2
+    return 1
+}
+
+start_zookeeper() {
+    ensure_pkg default-jre-headless java
+    ensure_pkg zookeeper /usr/share/java/zookeeper.jar
+    if zk_ok 2181; then
+        say zookeeper 127.0.0.1:2181 "already running"
+    else
+        zk_server "$STATE_DIR/zookeeper-2181" 2181
+        wait_zk zookeeper 2181
+        say zookeeper 127.0.0.1:2181 started
+    fi
+    if zk_ok 2281 && zk_ok 2282 && zk_ok 2283; then
+        say "zookeeper ensemble" "127.0.0.1:2281-2283" "already running"
+        return
+    fi
+    local i peers=()
+    for i in 1 2 3; do
+        peers+=("server.$i=127.0.0.1:229$i:239$i")
+    done
+    for i in 1 2 3; do
+        if [ -f "$STATE_DIR/zookeeper-228$i.pid" ]; then
+            kill "$(cat "$STATE_DIR/zookeeper-228$i.pid")" 2>/dev/null || true
+        fi
+    done
+    for i in 1 2 3; do
+        zk_server "$STATE_DIR/zookeeper-228$i" "228$i" "$i" "${peers[@]}"
+    done
+    for i in 1 2 3; do
+        wait_zk "zookeeper ensemble member" "228$i"
+    done
+    say "zookeeper ensemble" "127.0.0.1:2281-2283" started
+}
+
 stop_all() {
     local f
     for f in "$STATE_DIR"/*.pid; do
@@ -131,6 +209,7 @@ main() {
     start_redis
     start_redlock
     start_redis_cluster
+    start_zookeeper
 }
 
 main "$@"

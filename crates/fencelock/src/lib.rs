@@ -11,6 +11,7 @@
 //! | `sqlite://PATH` (`sqlite://` = default file) | a SQLite file shared by the machine's processes | `sqlite` (default) |
 //! | `redis://`, `rediss://`, `redis+cluster://h1:p1,h2:p2` | Redis, Redis Cluster | `redis` |
 //! | `redlock://h1:p1,h2:p2,h3:p3,…` | Redlock over N independent Redis masters | `redis` |
+//! | `zk://h1:p1,h2:p2/chroot` | ZooKeeper (Curator-compatible recipes) | `zookeeper` |
 //!
 //! # Example
 //!
@@ -47,6 +48,8 @@ pub mod backends {
     pub use fencelock_redis as redis;
     #[cfg(feature = "sqlite")]
     pub use fencelock_sqlite as sqlite;
+    #[cfg(feature = "zookeeper")]
+    pub use fencelock_zookeeper as zookeeper;
 }
 
 /// A scheme, the backend it selects, and the cargo feature that compiles it.
@@ -77,6 +80,9 @@ pub fn compiled_backends() -> Vec<&'static str> {
     if cfg!(feature = "redis") {
         v.push("redis");
         v.push("redlock");
+    }
+    if cfg!(feature = "zookeeper") {
+        v.push("zookeeper");
     }
     v
 }
@@ -115,6 +121,10 @@ pub async fn connect_backend(url: &str) -> Result<Arc<dyn Backend>> {
         #[cfg(feature = "redis")]
         "redlock" | "rediss+redlock" => Ok(Arc::new(
             fencelock_redis::RedlockBackend::connect(url).await?,
+        )),
+        #[cfg(feature = "zookeeper")]
+        "zk" => Ok(Arc::new(
+            fencelock_zookeeper::ZooKeeperBackend::connect(url).await?,
         )),
         #[cfg(feature = "sqlite")]
         "sqlite" => Ok(Arc::new(
@@ -190,12 +200,12 @@ mod tests {
     async fn unknown_and_missing_schemes_are_named() {
         let e = connect_backend("nope://x").await.err().unwrap().to_string();
         assert!(e.contains("\"nope\"") && e.contains("sqlite://"), "{e}");
-        let e = connect_backend("zk://127.0.0.1:2181")
+        let e = connect_backend("etcd://127.0.0.1:2379")
             .await
             .err()
             .unwrap()
             .to_string();
-        assert!(e.contains("`zookeeper`"), "{e}");
+        assert!(e.contains("`etcd`"), "{e}");
         let e = connect_backend("/tmp/x.db")
             .await
             .err()

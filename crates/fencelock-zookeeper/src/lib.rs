@@ -1,0 +1,684 @@
+//! The ZooKeeper backend of fencelock (`zk://h1:p1,h2:p2,h3:p3/chroot`): the
+//! lock recipes of the ZooKeeper literature, named as Curator names them so that
+//! Curator (Java) and kazurator (Python) services share locks with fencelock.
+//!
+//! # Algorithm
+//!
+//! A lock is the path `<prefix>/<escaped key>` (a container node, removed by the
+//! server once empty). Each request creates an **ephemeral sequential** child,
+//! in Curator's protected mode: `_c_<uuid>-lock-<seq>` for a mutex,
+//! `_c_<uuid>-__READ__<seq>` / `_c_<uuid>-__WRIT__<seq>` for a read-write lock,
+//! `_c_<uuid>-__SEMA__<seq>` for a semaphore permit. The lowest sequence wins:
+//!
+//! - a mutex or writer holds when it is first, else it watches **only the node
+//!   just before it** — a release wakes one waiter, not the herd;
+//! - a reader holds when no mutex or writer is before it, else it watches the
+//!   last one before it (the improved read-write algorithm);
+//! - a permit of N holds when only permits are before it, fewer than N; blocked by
+//!   the count it watches the lock's children.
+//!
+//! A woken waiter re-reads the children (there is no watch on the parent). A
+//! waiter that times out or is cancelled deletes its node. A create whose reply
+//! was lost is recovered by finding the node by its uuid (protected mode).
+//!
+//! # Leases and fencing
+//!
+//! A hold lives as long as the ZooKeeper session: renewal is the session's
+//! heartbeat, and the watchdog's renew checks (in one multi-read per tick) that
+//! each node still exists and belongs to the session. Session expiry — or a
+//! disconnection that outlasts the hold's validity — fires `lost()`; a short
+//! disconnection that recovers does not (Curator's SUSPENDED vs LOST). A hold's
+//! TTL also applies on this client: a hold nobody renews for its TTL (a leaked
+//! guard, a fixed `.lease()`) is deleted, so it frees the lock like on every
+//! other backend. The fencing token is the holder node's `czxid`, which rises
+//! with every create in the ensemble. Reentrancy is kept per owner in this
+//! client, with the owner's node.
+#![warn(missing_docs)]
+
+mod names;
+mod options;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use fencelock_core::{
+    Backend, Capabilities, Error, FencingToken, Grant, HolderInfo, Key, LeaseRef, LockInfo, Mode,
+    Owner, Released, Renewal, Request, Result, async_trait, redact_url,
+};
+use tokio::time::Instant;
+use zookeeper_client as zk;
+
+use names::{Kind, Wait, blocker, escape_key, sorted_nodes, unescape_key};
+pub use options::{Writer, ZkOptions};
+
+const NAME: &str = "zookeeper";
+
+/// How often this client looks for holds whose TTL ran out unrenewed.
+const JANITOR_TICK: Duration = Duration::from_millis(50);
+
+/// Locks in ZooKeeper. Clones share one session.
+#[derive(Clone)]
+pub struct ZooKeeperBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: zk::Client,
+    options: ZkOptions,
+    address: String,
+    holds: Mutex<HashMap<(Key, Owner), Held>>,
+    /// Nodes to delete that could not be deleted yet.
+    orphans: Mutex<Vec<String>>,
+    watch_events: AtomicU64,
+}
+
+/// A hold of this client.
+struct Held {
+    node: String,
+    token: u64,
+    holds: u32,
+    mode: Mode,
+    ttl: Duration,
+    /// The hold is deleted if not renewed by then.
+    renewed_until: Instant,
+}
+
+fn zk_err(e: zk::Error, addr: &str) -> Error {
+    match e {
+        zk::Error::ConnectionLoss
+        | zk::Error::NoHosts
+        | zk::Error::Timeout
+        | zk::Error::ClientClosed => Error::connection(NAME, addr, e),
+        zk::Error::SessionExpired => Error::connection(NAME, addr, "the ZooKeeper session expired"),
+        zk::Error::NoAuth | zk::Error::AuthFailed => Error::connection(
+            NAME,
+            addr,
+            format!("{e} (check the user and password in the URL)"),
+        ),
+        other => Error::backend(NAME, other),
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Deletes a queue node if the acquire that created it is dropped mid-way.
+struct PendingNode {
+    inner: Option<Arc<Inner>>,
+    path: String,
+}
+
+impl PendingNode {
+    fn keep(mut self) {
+        self.inner = None;
+    }
+}
+
+impl Drop for PendingNode {
+    fn drop(&mut self) {
+        if let Some(inner) = self.inner.take() {
+            let path = std::mem::take(&mut self.path);
+            if let Ok(h) = tokio::runtime::Handle::try_current() {
+                h.spawn(async move { inner.delete_node(&path).await });
+            } else {
+                lock(&inner.orphans).push(path);
+            }
+        }
+    }
+}
+
+impl Inner {
+    fn err(&self, e: zk::Error) -> Error {
+        zk_err(e, &self.address)
+    }
+
+    fn lock_path(&self, key: &Key) -> String {
+        format!("{}/{}", self.options.prefix, escape_key(key.as_str()))
+    }
+
+    /// Deletes `path`; a node that is already gone is fine; a failure is retried later.
+    async fn delete_node(&self, path: &str) {
+        match self.client.delete(path, None).await {
+            Ok(()) | Err(zk::Error::NoNode) => {}
+            Err(_) => lock(&self.orphans).push(path.to_string()),
+        }
+    }
+
+    /// Creates the queue node of `req` (making the lock path if needed) and
+    /// returns its name and czxid. A lost reply is recovered by the uuid.
+    async fn create_node(&self, lock_path: &str, kind: Kind, data: &[u8]) -> Result<(String, u64)> {
+        let protected = format!("_c_{}-", uuid::Uuid::new_v4());
+        let path = format!("{lock_path}/{protected}{}", kind.fragment());
+        let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+        for _ in 0..5 {
+            match self.client.create(&path, data, &options).await {
+                Ok((stat, seq)) => {
+                    return Ok((
+                        format!("{protected}{}{seq}", kind.fragment()),
+                        stat.czxid as u64,
+                    ));
+                }
+                Err(zk::Error::NoNode) => {
+                    let dir = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+                    self.client
+                        .mkdir(lock_path, &dir)
+                        .await
+                        .map_err(|e| self.err(e))?;
+                }
+                Err(zk::Error::ConnectionLoss) => {
+                    // The create may have happened: look for our uuid.
+                    if let Ok(children) = self.client.list_children(lock_path).await
+                        && let Some(name) = children.into_iter().find(|c| c.starts_with(&protected))
+                    {
+                        let (_, stat) = self
+                            .client
+                            .get_data(&format!("{lock_path}/{name}"))
+                            .await
+                            .map_err(|e| self.err(e))?;
+                        return Ok((name, stat.czxid as u64));
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => return Err(self.err(e)),
+            }
+        }
+        Err(Error::backend(
+            NAME,
+            format!("could not create a lock node under {lock_path}"),
+        ))
+    }
+
+    /// Waits until the node `name` holds the lock (`Ok(true)`), or `deadline`
+    /// passes (`Ok(false)`).
+    async fn wait_turn(
+        &self,
+        lock_path: &str,
+        name: &str,
+        permits: u32,
+        deadline: Option<Instant>,
+    ) -> Result<bool> {
+        loop {
+            let children = match self.client.list_children(lock_path).await {
+                Ok(c) => c,
+                Err(zk::Error::ConnectionLoss) if deadline.is_none_or(|d| Instant::now() < d) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+                Err(e) => return Err(self.err(e)),
+            };
+            let nodes = sorted_nodes(&children);
+            let Some(index) = nodes.iter().position(|n| n.name == name) else {
+                return Err(Error::backend(
+                    NAME,
+                    format!(
+                        "the queue node {lock_path}/{name} vanished while waiting (session expired or deleted)"
+                    ),
+                ));
+            };
+            let watcher = match blocker(&nodes, index, permits) {
+                None => return Ok(true),
+                Some(_) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(false),
+                Some(Wait::Node(n)) => match self
+                    .client
+                    .check_and_watch_stat(&format!("{lock_path}/{}", n.name))
+                    .await
+                {
+                    // Gone already: look again.
+                    Ok((None, _)) => continue,
+                    Ok((Some(_), w)) => w,
+                    Err(zk::Error::ConnectionLoss) => continue,
+                    Err(e) => return Err(self.err(e)),
+                },
+                Some(Wait::Children) => match self.client.get_and_watch_children(lock_path).await {
+                    Ok((now, _, w)) => {
+                        let nodes = sorted_nodes(&now);
+                        match nodes.iter().position(|n| n.name == name) {
+                            Some(i) if blocker(&nodes, i, permits).is_none() => return Ok(true),
+                            _ => w,
+                        }
+                    }
+                    Err(zk::Error::ConnectionLoss) => continue,
+                    Err(e) => return Err(self.err(e)),
+                },
+            };
+            let until = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = watcher.changed() => {
+                    self.watch_events.fetch_add(1, Ordering::Relaxed);
+                }
+                _ = until => {}
+            }
+        }
+    }
+
+    /// Deletes holds nobody renewed within their TTL, and retries orphans.
+    async fn sweep(&self) {
+        let now = Instant::now();
+        let expired: Vec<String> = {
+            let mut holds = lock(&self.holds);
+            let gone: Vec<(Key, Owner)> = holds
+                .iter()
+                .filter(|(_, h)| h.renewed_until <= now)
+                .map(|(k, _)| k.clone())
+                .collect();
+            gone.into_iter()
+                .filter_map(|k| holds.remove(&k))
+                .map(|h| h.node)
+                .collect()
+        };
+        let orphans = std::mem::take(&mut *lock(&self.orphans));
+        for path in expired.into_iter().chain(orphans) {
+            self.delete_node(&path).await;
+        }
+    }
+
+    fn grant_ttl(&self, ttl: Duration) -> Duration {
+        ttl.min(self.options.session_timeout)
+    }
+}
+
+impl ZooKeeperBackend {
+    /// Connects to the ensemble a `zk://[user:pass@]h1:p1,h2:p2[/chroot][?opts]`
+    /// URL names (options in [`ZkOptions`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] for a bad URL; [`Error::Connection`] naming the
+    /// address if no server answers within the connect timeout.
+    pub async fn connect(url: &str) -> Result<ZooKeeperBackend> {
+        let parsed = options::parse_url(url)?;
+        let address = redact_url(url.split('?').next().unwrap_or(url));
+        let mut connector = zk::Client::connector()
+            .with_session_timeout(parsed.options.session_timeout)
+            .with_connection_timeout(parsed.options.connect_timeout);
+        if let Some(d) = &parsed.digest {
+            connector = connector.with_auth("digest", d.as_bytes());
+        }
+        let client = tokio::time::timeout(
+            parsed.options.connect_timeout,
+            connector.connect(&parsed.cluster),
+        )
+        .await
+        .map_err(|_| {
+            Error::connection(
+                NAME,
+                &address,
+                "no server answered within the connect timeout",
+            )
+        })?
+        .map_err(|e| zk_err(e, &address))?;
+        let dir = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        client
+            .mkdir(&parsed.options.prefix, &dir)
+            .await
+            .map_err(|e| zk_err(e, &address))?;
+        let inner = Arc::new(Inner {
+            client,
+            options: parsed.options,
+            address,
+            holds: Mutex::new(HashMap::new()),
+            orphans: Mutex::new(Vec::new()),
+            watch_events: AtomicU64::new(0),
+        });
+        tokio::spawn(janitor(Arc::downgrade(&inner)));
+        Ok(ZooKeeperBackend { inner })
+    }
+
+    /// The options in force.
+    pub fn options(&self) -> &ZkOptions {
+        &self.inner.options
+    }
+
+    /// How many watch events woke this client's waiters so far (a herd shows as
+    /// many events per release).
+    pub fn watch_events(&self) -> u64 {
+        self.inner.watch_events.load(Ordering::Relaxed)
+    }
+
+    /// The ZooKeeper session id (for tools and tests).
+    pub fn session_id(&self) -> i64 {
+        self.inner.client.session_id().0
+    }
+
+    /// Deletes every lock node of `key` (an operator breaking a lock; the
+    /// testkit's "stolen lease").
+    ///
+    /// # Errors
+    ///
+    /// Connection errors.
+    pub async fn force_release(&self, key: &Key) -> Result<()> {
+        let path = self.inner.lock_path(key);
+        let children = match self.inner.client.list_children(&path).await {
+            Ok(c) => c,
+            Err(zk::Error::NoNode) => return Ok(()),
+            Err(e) => return Err(self.inner.err(e)),
+        };
+        for node in sorted_nodes(&children) {
+            match self
+                .inner
+                .client
+                .delete(&format!("{path}/{}", node.name), None)
+                .await
+            {
+                Ok(()) | Err(zk::Error::NoNode) => {}
+                Err(e) => return Err(self.inner.err(e)),
+            }
+        }
+        Ok(())
+    }
+
+    fn kind(&self, mode: Mode) -> Kind {
+        match mode {
+            Mode::Shared => Kind::Read,
+            Mode::Semaphore { .. } => Kind::Permit,
+            _ => match self.inner.options.writer {
+                Writer::ReadWriteLock => Kind::Write,
+                _ => Kind::Mutex,
+            },
+        }
+    }
+
+    /// A hold this client already has for the request's owner, if any.
+    fn reenter(&self, req: &Request, requested_at: Instant) -> Result<Option<Grant>> {
+        let mut holds = lock(&self.inner.holds);
+        let Some(h) = holds.get_mut(&(req.key.clone(), req.owner.clone())) else {
+            return Ok(None);
+        };
+        if h.mode != req.mode {
+            return Err(Error::config(format!(
+                "owner {:?} already holds {:?} as {}; a reentrant acquire must ask for the same mode (asked {})",
+                req.owner.as_str(),
+                req.key.as_str(),
+                h.mode,
+                req.mode
+            )));
+        }
+        if req.reentrant {
+            h.holds += 1;
+        }
+        h.renewed_until = h.renewed_until.max(Instant::now() + req.ttl);
+        let ttl = self.inner.grant_ttl(req.ttl);
+        Ok(Some(Grant::new(
+            Some(FencingToken::new(h.token)),
+            ttl,
+            h.holds,
+            requested_at,
+        )))
+    }
+}
+
+async fn janitor(inner: Weak<Inner>) {
+    loop {
+        tokio::time::sleep(JANITOR_TICK).await;
+        let Some(inner) = inner.upgrade() else { return };
+        inner.sweep().await;
+    }
+}
+
+#[async_trait]
+impl Backend for ZooKeeperBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::NONE
+            .with_fencing(true)
+            .with_shared(true)
+            .with_semaphore(true)
+            .with_reentrant(true)
+            .with_native_wait(true)
+            .with_ttl(true)
+            .with_inspect(true)
+            .with_fair(true)
+            .with_cross_process(true)
+    }
+
+    fn address(&self) -> String {
+        self.inner.address.clone()
+    }
+
+    fn default_ttl(&self) -> Option<Duration> {
+        self.inner.options.default_ttl
+    }
+
+    async fn try_acquire(&self, req: &Request) -> Result<Option<Grant>> {
+        self.acquire(req, Some(Instant::now())).await
+    }
+
+    async fn acquire(&self, req: &Request, deadline: Option<Instant>) -> Result<Option<Grant>> {
+        let requested_at = Instant::now();
+        if let Some(g) = self.reenter(req, requested_at)? {
+            return Ok(Some(g));
+        }
+        let inner = &self.inner;
+        let lock_path = inner.lock_path(&req.key);
+        let (kind, permits) = match req.mode {
+            Mode::Semaphore { permits } => (Kind::Permit, permits),
+            m => (self.kind(m), 0),
+        };
+        let data = match req.mode {
+            Mode::Semaphore { permits } => format!("{}\t{permits}", req.owner),
+            _ => req.owner.to_string(),
+        };
+        let (name, czxid) = inner.create_node(&lock_path, kind, data.as_bytes()).await?;
+        let node = format!("{lock_path}/{name}");
+        let pending = PendingNode {
+            inner: Some(inner.clone()),
+            path: node.clone(),
+        };
+        let checked_at = Instant::now();
+        if !inner
+            .wait_turn(&lock_path, &name, permits, deadline)
+            .await?
+        {
+            drop(pending); // deletes the node
+            return Ok(None);
+        }
+        pending.keep();
+        let ttl = inner.grant_ttl(req.ttl);
+        lock(&inner.holds).insert(
+            (req.key.clone(), req.owner.clone()),
+            Held {
+                node,
+                token: czxid,
+                holds: 1,
+                mode: req.mode,
+                ttl: req.ttl,
+                renewed_until: Instant::now() + req.ttl,
+            },
+        );
+        // Valid from the last check that the node held (no earlier than the create).
+        Ok(Some(Grant::new(
+            Some(FencingToken::new(czxid)),
+            ttl,
+            1,
+            checked_at.max(requested_at),
+        )))
+    }
+
+    async fn renew(&self, leases: &[LeaseRef]) -> Result<Vec<Renewal>> {
+        let inner = &self.inner;
+        match inner.client.state() {
+            zk::SessionState::Expired | zk::SessionState::AuthFailed | zk::SessionState::Closed => {
+                return Ok(leases
+                    .iter()
+                    .map(|_| Renewal::Lost {
+                        reason: "the ZooKeeper session ended; its ephemeral nodes are gone".into(),
+                    })
+                    .collect());
+            }
+            zk::SessionState::Disconnected => {
+                return Err(Error::connection(
+                    NAME,
+                    &inner.address,
+                    "disconnected from ZooKeeper; the session may still recover",
+                ));
+            }
+            _ => {}
+        }
+        let start = Instant::now();
+        let nodes: Vec<Option<String>> = {
+            let holds = lock(&inner.holds);
+            leases
+                .iter()
+                .map(|l| {
+                    holds
+                        .get(&(l.key.clone(), l.owner.clone()))
+                        .map(|h| h.node.clone())
+                })
+                .collect()
+        };
+        let mut reader = inner.client.new_multi_reader();
+        for n in nodes.iter().flatten() {
+            reader.add_get_data(n).map_err(|e| inner.err(e))?;
+        }
+        let mut results = reader.commit().await.map_err(|e| inner.err(e))?.into_iter();
+        let session = inner.client.session_id().0;
+        let mut out = Vec::with_capacity(leases.len());
+        let mut holds = lock(&inner.holds);
+        for (lease, node) in leases.iter().zip(nodes) {
+            let Some(_) = node else {
+                out.push(Renewal::Lost {
+                    reason:
+                        "this client no longer holds it (released, or its TTL ran out unrenewed)"
+                            .into(),
+                });
+                continue;
+            };
+            let ours = matches!(results.next(), Some(zk::MultiReadResult::Data { stat, .. }) if stat.ephemeral_owner == session);
+            let id = (lease.key.clone(), lease.owner.clone());
+            if ours && let Some(h) = holds.get_mut(&id) {
+                h.renewed_until = start + h.ttl;
+                out.push(Renewal::Held {
+                    ttl: inner.grant_ttl(h.ttl),
+                });
+            } else {
+                holds.remove(&id);
+                out.push(Renewal::Lost {
+                    reason: "the lock node is gone (deleted, or the session that owned it expired)"
+                        .into(),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    async fn release(&self, lease: &LeaseRef) -> Result<Released> {
+        let inner = &self.inner;
+        let id = (lease.key.clone(), lease.owner.clone());
+        let node = {
+            let mut holds = lock(&inner.holds);
+            let not_held = || Error::NotHeld {
+                key: lease.key.to_string(),
+                owner: lease.owner.to_string(),
+            };
+            let h = holds.get_mut(&id).ok_or_else(not_held)?;
+            if h.holds > 1 {
+                h.holds -= 1;
+                return Ok(Released::new(h.holds));
+            }
+            holds.remove(&id).ok_or_else(not_held)?.node
+        };
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match inner.client.delete(&node, None).await {
+                Ok(()) => return Ok(Released::new(0)),
+                Err(zk::Error::NoNode) => {
+                    return Err(Error::NotHeld {
+                        key: lease.key.to_string(),
+                        owner: lease.owner.to_string(),
+                    });
+                }
+                Err(zk::Error::ConnectionLoss) if tries < 3 => {
+                    tokio::time::sleep(Duration::from_millis(50)).await
+                }
+                Err(e) => {
+                    // The janitor keeps trying; the session's end deletes it anyway.
+                    lock(&inner.orphans).push(node);
+                    return Err(inner.err(e));
+                }
+            }
+        }
+    }
+
+    async fn inspect(&self, key: &Key) -> Result<Option<LockInfo>> {
+        let inner = &self.inner;
+        let path = inner.lock_path(key);
+        let children = match inner.client.list_children(&path).await {
+            Ok(c) => c,
+            Err(zk::Error::NoNode) => return Ok(None),
+            Err(e) => return Err(inner.err(e)),
+        };
+        let nodes = sorted_nodes(&children);
+        let local: HashMap<String, u32> = lock(&inner.holds)
+            .values()
+            .map(|h| (h.node.clone(), h.holds))
+            .collect();
+        let mut holders = Vec::new();
+        for (i, n) in nodes.iter().enumerate() {
+            let full = format!("{path}/{}", n.name);
+            let Ok((data, stat)) = inner.client.get_data(&full).await else {
+                continue;
+            };
+            let data = String::from_utf8_lossy(&data);
+            let (owner, permits) = match data.split_once('\t') {
+                Some((o, p)) => (o.to_string(), p.parse().unwrap_or(0)),
+                None => (data.to_string(), 0),
+            };
+            if blocker(&nodes, i, permits).is_none() {
+                holders.push(HolderInfo::new(
+                    owner,
+                    n.kind.mode(permits),
+                    local.get(&full).copied().unwrap_or(1),
+                    Some(FencingToken::new(stat.czxid as u64)),
+                    None,
+                ));
+            }
+        }
+        Ok(Some(LockInfo::new(key.as_str(), holders, None)))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
+        let inner = &self.inner;
+        let children = inner
+            .client
+            .list_children(&inner.options.prefix)
+            .await
+            .map_err(|e| inner.err(e))?;
+        let mut keys: Vec<String> = children
+            .iter()
+            .map(|c| unescape_key(c))
+            .filter(|k| k.starts_with(prefix))
+            .collect();
+        keys.sort();
+        let mut out = Vec::new();
+        for k in keys {
+            if let Ok(key) = Key::new(&k)
+                && let Some(info) = self.inspect(&key).await?
+                && !info.holders.is_empty()
+            {
+                out.push(info);
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl std::fmt::Debug for ZooKeeperBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZooKeeperBackend")
+            .field("address", &self.inner.address)
+            .field("options", &self.inner.options)
+            .finish()
+    }
+}

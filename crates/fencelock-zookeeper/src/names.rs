@@ -1,0 +1,217 @@
+//! Paths and node names: keys as path segments, and the node names of
+//! Curator's recipes (protected mode: `_c_<uuid>-<kind><sequence>`).
+
+use fencelock_core::Mode;
+
+/// What a lock node stands for. The name fragments are Curator's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// `InterProcessMutex`: `lock-`.
+    Mutex,
+    /// `InterProcessReadWriteLock`'s write lock: `__WRIT__`.
+    Write,
+    /// `InterProcessReadWriteLock`'s read lock: `__READ__`.
+    Read,
+    /// fencelock's semaphore permit: `__SEMA__`.
+    Permit,
+}
+
+impl Kind {
+    pub(crate) fn fragment(self) -> &'static str {
+        match self {
+            Kind::Mutex => "lock-",
+            Kind::Write => "__WRIT__",
+            Kind::Read => "__READ__",
+            Kind::Permit => "__SEMA__",
+        }
+    }
+
+    pub(crate) fn mode(self, permits: u32) -> Mode {
+        match self {
+            Kind::Mutex | Kind::Write => Mode::Exclusive,
+            Kind::Read => Mode::Shared,
+            Kind::Permit => Mode::Semaphore { permits },
+        }
+    }
+}
+
+/// One child of a lock path that is a lock node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LockNode {
+    pub(crate) name: String,
+    pub(crate) kind: Kind,
+    pub(crate) sequence: u64,
+}
+
+/// Parses a child name; `None` for nodes that are not lock nodes.
+pub(crate) fn parse_node(name: &str) -> Option<LockNode> {
+    // The sequence is the trailing digits (10, or 19 past i32::MAX).
+    let digits = name.bytes().rev().take_while(u8::is_ascii_digit).count();
+    if digits < 10 {
+        return None;
+    }
+    let (stem, seq) = name.split_at(name.len() - digits);
+    let kind = [Kind::Mutex, Kind::Write, Kind::Read, Kind::Permit]
+        .into_iter()
+        .find(|k| stem.ends_with(k.fragment()))?;
+    Some(LockNode {
+        name: name.to_string(),
+        kind,
+        sequence: seq.parse().ok()?,
+    })
+}
+
+/// The lock nodes among `children`, in sequence order.
+pub(crate) fn sorted_nodes(children: &[String]) -> Vec<LockNode> {
+    let mut nodes: Vec<LockNode> = children.iter().filter_map(|c| parse_node(c)).collect();
+    nodes.sort_by_key(|n| n.sequence);
+    nodes
+}
+
+/// Escapes a key into one path segment: `%` → `%25`, `/` → `%2F`, and the
+/// names ZooKeeper refuses (`.`, `..`) get their dots escaped.
+pub(crate) fn escape_key(key: &str) -> String {
+    let mut out = String::with_capacity(key.len());
+    for c in key.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '/' => out.push_str("%2F"),
+            _ => out.push(c),
+        }
+    }
+    if out == "." || out == ".." {
+        out = out.replace('.', "%2E");
+    }
+    out
+}
+
+/// Reverses [`escape_key`].
+pub(crate) fn unescape_key(segment: &str) -> String {
+    let mut out = String::with_capacity(segment.len());
+    let mut rest = segment;
+    while let Some(i) = rest.find('%') {
+        out.push_str(&rest[..i]);
+        let code = rest.get(i + 1..i + 3);
+        match code {
+            Some("25") => out.push('%'),
+            Some("2F") => out.push('/'),
+            Some("2E") => out.push('.'),
+            _ => {
+                out.push('%');
+                rest = &rest[i + 1..];
+                continue;
+            }
+        }
+        rest = &rest[i + 3..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// What a waiting node watches.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Wait<'a> {
+    /// The one node whose deletion can let it in (herd-free).
+    Node(&'a LockNode),
+    /// Any change of the lock's children (permits: any of several holders ahead
+    /// may go first).
+    Children,
+}
+
+/// What the node at `index` of `nodes` waits for: `None` when it holds.
+///
+/// - a mutex or writer holds when it is first, else watches the node just
+///   before it;
+/// - a reader holds when no mutex or writer is before it, else watches the
+///   last of those before it;
+/// - a permit of `permits` holds when only permits are before it, fewer than
+///   `permits` of them; blocked by another kind it watches the last such node,
+///   blocked by the count it watches the children.
+pub(crate) fn blocker(nodes: &[LockNode], index: usize, permits: u32) -> Option<Wait<'_>> {
+    let me = &nodes[index];
+    let before = &nodes[..index];
+    match me.kind {
+        Kind::Mutex | Kind::Write => before.last().map(Wait::Node),
+        Kind::Read => before
+            .iter()
+            .rev()
+            .find(|n| n.kind != Kind::Read)
+            .map(Wait::Node),
+        Kind::Permit => {
+            if let Some(other) = before.iter().rev().find(|n| n.kind != Kind::Permit) {
+                Some(Wait::Node(other))
+            } else if before.len() < permits as usize {
+                None
+            } else {
+                Some(Wait::Children)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nodes(spec: &[&str]) -> Vec<LockNode> {
+        let names: Vec<String> = spec
+            .iter()
+            .enumerate()
+            .map(|(i, k)| format!("_c_x-{k}{:010}", i + 1))
+            .collect();
+        sorted_nodes(&names)
+    }
+
+    #[test]
+    fn parses_curator_names() {
+        let n = parse_node("_c_4c7a3b0e-1111-2222-3333-444455556666-lock-0000000042").unwrap();
+        assert_eq!((n.kind, n.sequence), (Kind::Mutex, 42));
+        assert_eq!(
+            parse_node("_c_u-__READ__0000000007").unwrap().kind,
+            Kind::Read
+        );
+        assert_eq!(
+            parse_node("_c_u-__WRIT__0000000007").unwrap().kind,
+            Kind::Write
+        );
+        assert_eq!(parse_node("leases"), None);
+        assert_eq!(parse_node("lock-12"), None);
+    }
+
+    #[test]
+    fn who_waits_for_whom() {
+        let seq = |w: Option<Wait<'_>>| match w {
+            Some(Wait::Node(n)) => Some(n.sequence),
+            _ => None,
+        };
+        let n = nodes(&["lock-", "lock-", "lock-"]);
+        assert_eq!(blocker(&n, 0, 0), None);
+        assert_eq!(seq(blocker(&n, 2, 0)), Some(2));
+        let n = nodes(&["__READ__", "__READ__", "__WRIT__", "__READ__", "__READ__"]);
+        assert_eq!(blocker(&n, 1, 0), None, "readers share");
+        assert_eq!(
+            seq(blocker(&n, 2, 0)),
+            Some(2),
+            "a writer waits for the reader just before it"
+        );
+        assert_eq!(
+            seq(blocker(&n, 4, 0)),
+            Some(3),
+            "a reader waits for the last writer before it"
+        );
+        let n = nodes(&["__SEMA__", "__SEMA__", "__SEMA__"]);
+        assert_eq!(blocker(&n, 1, 2), None);
+        assert_eq!(blocker(&n, 2, 2), Some(Wait::Children));
+        let n = nodes(&["lock-", "__READ__"]);
+        assert_eq!(seq(blocker(&n, 1, 0)), Some(1), "a mutex excludes readers");
+    }
+
+    #[test]
+    fn keys_escape_to_one_segment() {
+        for k in ["orders/42", "100%", ".", "..", "a.b", "x%2Fy"] {
+            let e = escape_key(k);
+            assert!(!e.contains('/') && e != "." && e != "..", "{k} → {e}");
+            assert_eq!(unescape_key(&e), k);
+        }
+    }
+}

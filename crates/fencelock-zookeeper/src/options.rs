@@ -1,0 +1,176 @@
+//! Options of the ZooKeeper backend and its URL form.
+
+use std::time::Duration;
+
+use fencelock_core::{Error, Result, redact_url};
+
+/// Which Curator recipe fencelock's exclusive locks interoperate with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Writer {
+    /// `_c_<uuid>-lock-<seq>`, as `InterProcessMutex` (and kazurator's `Mutex`).
+    #[default]
+    Mutex,
+    /// `_c_<uuid>-__WRIT__<seq>`, the write side of `InterProcessReadWriteLock`.
+    ReadWriteLock,
+}
+
+/// Options of [`ZooKeeperBackend`](crate::ZooKeeperBackend).
+///
+/// | URL option | default | meaning |
+/// |---|---|---|
+/// | `prefix=` | `/fencelock` | parent path of every lock (`<prefix>/<escaped key>`) |
+/// | `session_timeout=` | 10 s | the ZooKeeper session timeout (what a lost holder costs) |
+/// | `connect_timeout=` | 5 s | how long `connect` waits |
+/// | `writer=mutex\|rwlock` | `mutex` | name exclusive nodes as Curator's `InterProcessMutex` or as the write lock of its `InterProcessReadWriteLock` |
+/// | `ttl=` | – | default TTL of holds |
+///
+/// A user and password in the URL (`zk://user:pass@h1,h2`) authenticate with the
+/// `digest` scheme; a path after the hosts is the chroot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ZkOptions {
+    /// Parent path of every lock.
+    pub prefix: String,
+    /// Session timeout.
+    pub session_timeout: Duration,
+    /// Connection timeout.
+    pub connect_timeout: Duration,
+    /// Node names of exclusive locks.
+    pub writer: Writer,
+    /// Default TTL of holds.
+    pub default_ttl: Option<Duration>,
+}
+
+impl Default for ZkOptions {
+    fn default() -> Self {
+        ZkOptions {
+            prefix: "/fencelock".into(),
+            session_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(5),
+            writer: Writer::Mutex,
+            default_ttl: None,
+        }
+    }
+}
+
+/// A parsed `zk://` URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ZkUrl {
+    /// `h1:p1,h2:p2[/chroot]` for the client.
+    pub(crate) cluster: String,
+    /// `user:password` for the digest scheme.
+    pub(crate) digest: Option<String>,
+    pub(crate) options: ZkOptions,
+}
+
+fn duration(name: &str, v: &str) -> Result<Duration> {
+    humantime::parse_duration(v).map_err(|e| {
+        Error::config(format!(
+            "zookeeper option {name}={v:?}: {e}; write e.g. {name}=10s"
+        ))
+    })
+}
+
+pub(crate) fn parse_url(url: &str) -> Result<ZkUrl> {
+    let rest = url
+        .strip_prefix("zk://")
+        .ok_or_else(|| Error::config(format!("{:?} is not a zk:// URL", redact_url(url))))?;
+    let (rest, query) = match rest.split_once('?') {
+        Some((r, q)) => (r, q),
+        None => (rest, ""),
+    };
+    let (auth, rest) = match rest.rfind('@') {
+        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+        None => (None, rest),
+    };
+    let digest = auth.map(|a| {
+        let (user, pass) = a.split_once(':').unwrap_or((a, ""));
+        format!("{user}:{pass}")
+    });
+    let (hosts, chroot) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    if hosts.split(',').all(|h| h.trim().is_empty()) {
+        return Err(Error::config(format!(
+            "{:?} names no ZooKeeper server; write zk://host:2181[,host:2181…][/chroot]",
+            redact_url(url)
+        )));
+    }
+    let chroot = chroot.trim_end_matches('/');
+    let mut options = ZkOptions::default();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match k {
+            "prefix" => options.prefix = v.trim_end_matches('/').to_string(),
+            "session_timeout" => options.session_timeout = duration(k, v)?,
+            "connect_timeout" => options.connect_timeout = duration(k, v)?,
+            "ttl" => options.default_ttl = Some(duration(k, v)?),
+            "writer" => {
+                options.writer = match v {
+                    "mutex" => Writer::Mutex,
+                    "rwlock" => Writer::ReadWriteLock,
+                    _ => {
+                        return Err(Error::config(format!(
+                            "zookeeper option writer={v:?}: expected mutex or rwlock"
+                        )));
+                    }
+                }
+            }
+            _ => {
+                return Err(Error::config(format!(
+                    "unknown zookeeper option {k:?}; known: prefix, session_timeout, connect_timeout, writer, ttl"
+                )));
+            }
+        }
+    }
+    if !options.prefix.starts_with('/') || options.prefix.len() < 2 || options.prefix.contains("//")
+    {
+        return Err(Error::config(format!(
+            "zookeeper prefix {:?} must be an absolute path like /fencelock",
+            options.prefix
+        )));
+    }
+    Ok(ZkUrl {
+        cluster: format!("{hosts}{chroot}"),
+        digest,
+        options,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_hosts_chroot_auth_and_options() {
+        let u = parse_url(
+            "zk://app:pw@h1:2181,h2:2182/svc/locks?prefix=/l&session_timeout=3s&writer=rwlock",
+        )
+        .unwrap();
+        assert_eq!(u.cluster, "h1:2181,h2:2182/svc/locks");
+        assert_eq!(u.digest.as_deref(), Some("app:pw"));
+        assert_eq!(u.options.prefix, "/l");
+        assert_eq!(u.options.session_timeout, Duration::from_secs(3));
+        assert_eq!(u.options.writer, Writer::ReadWriteLock);
+        assert_eq!(
+            parse_url("zk://127.0.0.1:2181").unwrap().cluster,
+            "127.0.0.1:2181"
+        );
+    }
+
+    #[test]
+    fn bad_urls_are_named() {
+        for (url, needle) in [
+            ("zk://", "no ZooKeeper server"),
+            ("zk://h?session_timeout=x", "session_timeout"),
+            ("zk://h?prefix=rel", "absolute"),
+            ("zk://h?color=red", "color"),
+            ("zk://h?writer=rw", "writer"),
+        ] {
+            let e = parse_url(url).unwrap_err().to_string();
+            assert!(e.contains(needle), "{url}: {e}");
+        }
+    }
+}
