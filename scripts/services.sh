@@ -189,6 +189,19 @@ start_zookeeper() {
     say "zookeeper ensemble" "127.0.0.1:2281-2283" started
 }
 
+# Python clients the interop tests drive (pinned): kazurator, a port of
+# Curator's recipes.
+setup_python_clients() {
+    local venv="$STATE_DIR/pyenv"
+    if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import kazurator' 2>/dev/null; then
+        say "python clients" "$venv" "already installed"
+        return
+    fi
+    python3 -m venv "$venv" 2>/dev/null || { ensure_pkg python3-venv /usr/lib/python3/dist-packages/venv; python3 -m venv "$venv"; }
+    "$venv/bin/pip" install -q --disable-pip-version-check kazoo==2.11.0 kazurator==0.2.0
+    say "python clients" "$venv" installed
+}
+
 stop_all() {
     local f
     for f in "$STATE_DIR"/*.pid; do
@@ -210,6 +223,7 @@ main() {
     start_redlock
     start_redis_cluster
     start_zookeeper
+    setup_python_clients
 }
 
 main "$@"
