@@ -343,6 +343,28 @@ impl ZooKeeperBackend {
         self.inner.watch_events.load(Ordering::Relaxed)
     }
 
+    /// The queue of `key`: its lock nodes' names in sequence order (holders
+    /// first), for tools and tests.
+    ///
+    /// # Errors
+    ///
+    /// Connection errors.
+    pub async fn queue(&self, key: &Key) -> Result<Vec<String>> {
+        match self
+            .inner
+            .client
+            .list_children(&self.inner.lock_path(key))
+            .await
+        {
+            Ok(children) => Ok(sorted_nodes(&children)
+                .into_iter()
+                .map(|n| n.name)
+                .collect()),
+            Err(zk::Error::NoNode) => Ok(Vec::new()),
+            Err(e) => Err(self.inner.err(e)),
+        }
+    }
+
     /// The ZooKeeper session id (for tools and tests).
     pub fn session_id(&self) -> i64 {
         self.inner.client.session_id().0
