@@ -580,8 +580,8 @@ pub(crate) async fn acquire_one(
 const LOCAL_HOLDER_RECHECK: Duration = Duration::from_secs(1);
 
 /// The head of a line waits for a handoff from a local releaser; while no
-/// local guard holds the key it also waits at the backend. Returns the grant
-/// and whether it was handed over.
+/// local guard holds the key (or always, on a queue-based backend) it also waits
+/// at the backend. Returns the grant and whether it was handed over.
 async fn wait_as_head(
     turn: &crate::local_queue::Turn<'_>,
     backend: &dyn Backend,
@@ -592,7 +592,9 @@ async fn wait_as_head(
         let gone = turn.holder_gone();
         tokio::pin!(gone);
         gone.as_mut().enable();
-        if turn.local_holders() == 0 {
+        // A queue-based backend (`fair`) keeps a place in its queue while it
+        // waits, so the head joins that queue even while a local guard holds.
+        if turn.local_holders() == 0 || backend.capabilities().fair {
             return tokio::select! {
                 biased;
                 g = turn.offer().delivered() => Ok(Some((g, true))),
