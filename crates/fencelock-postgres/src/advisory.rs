@@ -1,0 +1,452 @@
+//! Advisory mode: `pg_advisory_lock` on a session held for the guard's life.
+//!
+//! Each hold owns one database session (taken from a small idle list, opened
+//! when the list is empty). The lock id is `hashtextextended(key, 0)`, a stable
+//! 64-bit hash; two keys whose hashes collide share one lock (for a million keys
+//! the chance of any collision is about 3·10⁻⁸), and so does any other program
+//! that takes advisory locks with the same ids in the same database.
+//!
+//! - The TTL contract: the session's `idle_session_timeout` is the TTL, and the
+//!   watchdog pings the session at ttl/3, so a holder that stops (a SIGSTOPped
+//!   process whose TCP connection stays open) loses the lock when the server
+//!   ends its idle session; `client_connection_check_interval` ends a session
+//!   whose client went away while it waited.
+//! - Fencing: at grant, in the same transaction, the key's row of
+//!   `fencelock_fences` is bumped; its value is the token.
+//! - Waiting: exclusive and shared waiters block in the server
+//!   (`pg_advisory_lock` with `lock_timeout` = the time left); semaphore
+//!   waiters poll with backoff.
+//! - Semaphores: permit `i` is the advisory lock `hashtextextended(key, i)`,
+//!   taken with a shared hold of the key's lock, so writers exclude permit
+//!   holders.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fencelock_core::{
+    Error, FencingToken, Grant, HolderInfo, Key, LeaseRef, LockInfo, Mode, Owner, Released,
+    Renewal, Request, Result,
+};
+use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::{Connection, Row};
+use tokio::time::Instant;
+
+use crate::db::{Db, map_err, session_gone};
+
+/// Created on first use with the lease schema.
+pub(crate) const SCHEMA: &[&str] = &[
+    r"CREATE TABLE IF NOT EXISTS fencelock_fences (
+        key   text   PRIMARY KEY,
+        fence bigint NOT NULL
+    )",
+    // Called in the transaction that took the lock: the token, the TTL contract
+    // and the owner's name for `pg_stat_activity`.
+    r"CREATE OR REPLACE FUNCTION fencelock_advisory_granted(k text, o text, ttl_ms bigint) RETURNS bigint
+    LANGUAGE plpgsql AS $fl$
+    DECLARE
+        f bigint;
+    BEGIN
+        PERFORM set_config('idle_session_timeout', ttl_ms::text, false);
+        PERFORM set_config('application_name', o, false);
+        INSERT INTO fencelock_fences AS x (key, fence) VALUES (k, 1)
+            ON CONFLICT (key) DO UPDATE SET fence = x.fence + 1
+            RETURNING x.fence INTO f;
+        RETURN f;
+    END
+    $fl$",
+    // wait_ms < 0: try once; 0: wait forever; else wait that long.
+    r"CREATE OR REPLACE FUNCTION fencelock_advisory_take(k text, o text, shared boolean, wait_ms bigint, ttl_ms bigint)
+    RETURNS bigint LANGUAGE plpgsql AS $fl$
+    DECLARE
+        id bigint := hashtextextended(k, 0);
+    BEGIN
+        IF wait_ms < 0 THEN
+            IF NOT (CASE WHEN shared THEN pg_try_advisory_lock_shared(id) ELSE pg_try_advisory_lock(id) END) THEN
+                RETURN NULL;
+            END IF;
+        ELSE
+            PERFORM set_config('lock_timeout', wait_ms::text, true);
+            BEGIN
+                IF shared THEN
+                    PERFORM pg_advisory_lock_shared(id);
+                ELSE
+                    PERFORM pg_advisory_lock(id);
+                END IF;
+            EXCEPTION WHEN lock_not_available THEN
+                RETURN NULL;
+            END;
+        END IF;
+        RETURN fencelock_advisory_granted(k, o, ttl_ms);
+    END
+    $fl$",
+    r"CREATE OR REPLACE FUNCTION fencelock_advisory_permit(k text, o text, permits integer, ttl_ms bigint)
+    RETURNS TABLE (tok bigint, slot integer) LANGUAGE plpgsql AS $fl$
+    DECLARE
+        first integer := floor(random() * permits)::integer;
+        s integer;
+    BEGIN
+        IF NOT pg_try_advisory_lock_shared(hashtextextended(k, 0)) THEN
+            RETURN;
+        END IF;
+        FOR i IN 0 .. permits - 1 LOOP
+            s := (first + i) % permits + 1;
+            IF pg_try_advisory_lock(hashtextextended(k, s)) THEN
+                RETURN QUERY SELECT fencelock_advisory_granted(k, o, ttl_ms), s;
+                RETURN;
+            END IF;
+        END LOOP;
+        PERFORM pg_advisory_unlock_shared(hashtextextended(k, 0));
+    END
+    $fl$",
+    // One session holds one guard's locks: let all of them go and make the
+    // session fit for the idle list again. False if it held nothing.
+    r"CREATE OR REPLACE FUNCTION fencelock_advisory_let_go() RETURNS boolean
+    LANGUAGE plpgsql AS $fl$
+    DECLARE
+        held boolean;
+    BEGIN
+        SELECT EXISTS (SELECT 1 FROM pg_locks l
+            WHERE l.pid = pg_backend_pid() AND l.locktype = 'advisory' AND l.granted) INTO held;
+        PERFORM pg_advisory_unlock_all();
+        PERFORM set_config('idle_session_timeout', '0', false);
+        PERFORM set_config('application_name', 'fencelock', false);
+        RETURN held;
+    END
+    $fl$",
+];
+
+/// Advisory lock ids of a key (seed 0) and its permits (seeds 1…) as `pg_locks`
+/// shows them: `(classid << 32) | objid`, for granted advisory locks.
+const HOLDERS: &str = "
+    SELECT a.application_name AS owner, l.mode AS lmode, l.objid, l.classid,
+           ((l.classid::bigint << 32) | l.objid::bigint) AS id
+    FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())";
+
+/// Seeds checked for semaphore permits by inspection and `force_release`.
+const MAX_PERMIT_SEED: i32 = 1024;
+
+/// One hold's session.
+struct Session {
+    key: Key,
+    owner: Owner,
+    mode: Mode,
+    token: u64,
+    ttl: Duration,
+    holds: Mutex<u32>,
+    /// `None` once the session is known to be gone.
+    conn: tokio::sync::Mutex<Option<PgConnection>>,
+}
+
+/// Sessions of this backend's holds, and idle sessions to reuse.
+pub(crate) struct Advisory {
+    options: PgConnectOptions,
+    addr: String,
+    idle: Mutex<Vec<PgConnection>>,
+    max_idle: usize,
+    held: Mutex<HashMap<String, Arc<Session>>>,
+    next_id: AtomicU64,
+}
+
+impl Advisory {
+    pub(crate) fn new(options: PgConnectOptions, addr: String, max_idle: usize) -> Advisory {
+        Advisory {
+            options: options.options([("client_connection_check_interval", "1000")]),
+            addr,
+            idle: Mutex::new(Vec::new()),
+            max_idle,
+            held: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+        }
+    }
+
+    fn err(&self, e: sqlx::Error) -> Error {
+        map_err(&self.addr, e)
+    }
+
+    async fn session(&self) -> Result<PgConnection> {
+        let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        match idle {
+            Some(c) => Ok(c),
+            None => PgConnection::connect_with(&self.options)
+                .await
+                .map_err(|e| self.err(e)),
+        }
+    }
+
+    fn put_back(&self, conn: PgConnection) {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < self.max_idle {
+            idle.push(conn);
+        }
+    }
+
+    /// This backend's live hold of `key` by `owner`, if any.
+    fn find(&self, key: &Key, owner: &Owner) -> Option<(String, Arc<Session>)> {
+        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        held.iter()
+            .find(|(_, s)| &s.key == key && &s.owner == owner)
+            .map(|(h, s)| (h.clone(), s.clone()))
+    }
+
+    fn lookup(&self, lease: &LeaseRef) -> Option<Arc<Session>> {
+        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        held.get(&lease.handle)
+            .filter(|s| s.key == lease.key && s.owner == lease.owner)
+            .cloned()
+    }
+
+    fn forget(&self, handle: &str) {
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(handle);
+    }
+
+    /// Acquires on a session of its own. `wait`: `None` tries once, `Some(None)`
+    /// waits forever, `Some(Some(deadline))` waits until then.
+    pub(crate) async fn acquire(
+        &self,
+        req: &Request,
+        wait: Option<Option<Instant>>,
+    ) -> Result<Option<Grant>> {
+        let requested_at = Instant::now();
+        if let Some((handle, s)) = self.find(&req.key, &req.owner) {
+            if s.conn.lock().await.is_some() {
+                if s.mode != req.mode {
+                    return Err(Error::config(format!(
+                        "owner {:?} already holds {:?} as {}; a reentrant acquire must ask for the same mode (asked {})",
+                        req.owner.as_str(),
+                        req.key.as_str(),
+                        s.mode,
+                        req.mode
+                    )));
+                }
+                let holds = {
+                    let mut h = s.holds.lock().unwrap_or_else(|p| p.into_inner());
+                    *h += u32::from(req.reentrant);
+                    *h
+                };
+                let grant =
+                    Grant::new(Some(FencingToken::new(s.token)), s.ttl, holds, requested_at);
+                return Ok(Some(grant.with_handle(handle)));
+            }
+            self.forget(&handle);
+        }
+        let mut conn = self.session().await?;
+        let ttl_ms = req.ttl.as_millis().min(i32::MAX as u128) as i64;
+        let taken = match req.mode {
+            Mode::Semaphore { permits } => {
+                sqlx::query("SELECT tok FROM fencelock_advisory_permit($1, $2, $3, $4)")
+                    .bind(req.key.as_str())
+                    .bind(req.owner.as_str())
+                    .bind(permits.min(i32::MAX as u32) as i32)
+                    .bind(ttl_ms)
+                    .fetch_optional(&mut conn)
+                    .await
+                    .and_then(|row| row.map(|r| r.try_get::<i64, _>(0)).transpose())
+            }
+            _ => {
+                let wait_ms: i64 = match wait {
+                    None => -1,
+                    Some(None) => 0,
+                    Some(Some(deadline)) => {
+                        let left = deadline
+                            .saturating_duration_since(Instant::now())
+                            .as_millis();
+                        if left == 0 {
+                            -1
+                        } else {
+                            left.min(i32::MAX as u128) as i64
+                        }
+                    }
+                };
+                sqlx::query_scalar::<_, Option<i64>>(
+                    "SELECT fencelock_advisory_take($1, $2, $3, $4, $5)",
+                )
+                .bind(req.key.as_str())
+                .bind(req.owner.as_str())
+                .bind(req.mode == Mode::Shared)
+                .bind(wait_ms)
+                .bind(ttl_ms)
+                .fetch_one(&mut conn)
+                .await
+            }
+        };
+        // On an error the connection is dropped: closing the session lets go of
+        // anything it may have taken.
+        let Some(token) = taken.map_err(|e| self.err(e))? else {
+            self.put_back(conn);
+            return Ok(None);
+        };
+        let handle = format!(
+            "pg-advisory-{}",
+            self.next_id.fetch_add(1, Ordering::Relaxed)
+        );
+        let session = Session {
+            key: req.key.clone(),
+            owner: req.owner.clone(),
+            mode: req.mode,
+            token: token as u64,
+            ttl: req.ttl,
+            holds: Mutex::new(1),
+            conn: tokio::sync::Mutex::new(Some(conn)),
+        };
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(handle.clone(), Arc::new(session));
+        let grant = Grant::new(
+            Some(FencingToken::new(token as u64)),
+            req.ttl,
+            1,
+            requested_at,
+        );
+        Ok(Some(grant.with_handle(handle)))
+    }
+
+    /// Pings each lease's session (which also restarts its idle timeout).
+    pub(crate) async fn renew(&self, leases: &[LeaseRef]) -> Vec<Renewal> {
+        futures::future::join_all(leases.iter().map(|l| self.ping(l))).await
+    }
+
+    async fn ping(&self, lease: &LeaseRef) -> Renewal {
+        let Some(s) = self.lookup(lease) else {
+            return Renewal::Lost {
+                reason: "this client holds no session for it".into(),
+            };
+        };
+        let mut conn = s.conn.lock().await;
+        let Some(c) = conn.as_mut() else {
+            return Renewal::Lost {
+                reason: "its database session ended".into(),
+            };
+        };
+        let ping = tokio::time::timeout(lease.ttl, sqlx::query("SELECT 1").execute(&mut *c)).await;
+        match ping {
+            Ok(Ok(_)) => Renewal::Held { ttl: lease.ttl },
+            Ok(Err(e)) => {
+                *conn = None;
+                self.forget(&lease.handle);
+                Renewal::Lost {
+                    reason: format!("its database session ended: {e}"),
+                }
+            }
+            Err(_) => {
+                *conn = None;
+                self.forget(&lease.handle);
+                Renewal::Lost {
+                    reason: format!("its database session did not answer within {:?}", lease.ttl),
+                }
+            }
+        }
+    }
+
+    pub(crate) async fn release(&self, lease: &LeaseRef) -> Result<Released> {
+        let not_held = || Error::NotHeld {
+            key: lease.key.to_string(),
+            owner: lease.owner.to_string(),
+        };
+        let s = self.lookup(lease).ok_or_else(not_held)?;
+        {
+            let mut holds = s.holds.lock().unwrap_or_else(|p| p.into_inner());
+            if *holds > 1 {
+                *holds -= 1;
+                return Ok(Released::new(*holds));
+            }
+        }
+        self.forget(&lease.handle);
+        let Some(mut conn) = s.conn.lock().await.take() else {
+            return Err(not_held());
+        };
+        match sqlx::query_scalar::<_, bool>("SELECT fencelock_advisory_let_go()")
+            .fetch_one(&mut conn)
+            .await
+        {
+            Ok(true) => {
+                self.put_back(conn);
+                Ok(Released::new(0))
+            }
+            Ok(false) => Err(not_held()),
+            Err(e) if session_gone(&e) => Err(not_held()),
+            // Dropping the connection ends the session, and the lock with it.
+            Err(e) => Err(self.err(e)),
+        }
+    }
+}
+
+/// Ends every session holding `key` or one of its permits (an operator breaking
+/// the lock; the holders' next renewal reports it lost).
+pub(crate) async fn force_release(db: &Db, key: &Key) -> Result<()> {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT pg_terminate_backend(a.pid) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+         WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+           AND ((l.classid::bigint << 32) | l.objid::bigint) IN
+               (SELECT hashtextextended($1, s) FROM generate_series(0, {MAX_PERMIT_SEED}) s)"
+    )))
+    .bind(key.as_str())
+    .execute(&db.pool)
+    .await
+    .map_err(db.err())?;
+    Ok(())
+}
+
+/// Holders as `pg_locks` shows them: the owner is the session's
+/// `application_name` (cut to 63 bytes by the server), holds are not counted,
+/// and only an exclusive holder's token is known.
+pub(crate) async fn inspect(db: &Db, key: &Key) -> Result<Option<LockInfo>> {
+    let fence: Option<i64> =
+        sqlx::query_scalar("SELECT fence FROM fencelock_fences WHERE key = $1")
+            .bind(key.as_str())
+            .fetch_optional(&db.pool)
+            .await
+            .map_err(db.err())?;
+    let Some(fence) = fence else { return Ok(None) };
+    let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT h.owner, h.lmode, h.id = hashtextextended($1, 0) AS main FROM ({HOLDERS}) h
+         WHERE h.id IN (SELECT hashtextextended($1, s) FROM generate_series(0, {MAX_PERMIT_SEED}) s)"
+    )))
+    .bind(key.as_str())
+    .fetch_all(&db.pool)
+    .await
+    .map_err(db.err())?;
+    let permits = rows
+        .iter()
+        .filter(|r| !r.try_get::<bool, _>("main").unwrap_or(true))
+        .count() as u32;
+    let mut holders = Vec::new();
+    for row in &rows {
+        let owner: String = row.try_get("owner").map_err(db.err())?;
+        let lmode: String = row.try_get("lmode").map_err(db.err())?;
+        let main: bool = row.try_get("main").map_err(db.err())?;
+        let mode = match (main, lmode.as_str()) {
+            (true, "ExclusiveLock") => Mode::Exclusive,
+            (true, _) if permits > 0 => continue, // a permit holder's shared hold
+            (true, _) => Mode::Shared,
+            (false, _) => Mode::Semaphore { permits },
+        };
+        // Only an exclusive holder's token is known: no grant can follow its own.
+        let token = (mode == Mode::Exclusive).then(|| FencingToken::new(fence as u64));
+        holders.push(HolderInfo::new(owner, mode, 1, token, None));
+    }
+    Ok(Some(LockInfo::new(
+        key.as_str(),
+        holders,
+        Some(FencingToken::new(fence as u64)),
+    )))
+}
+
+pub(crate) async fn held_keys(db: &Db, prefix: &str) -> Result<Vec<String>> {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT f.key FROM fencelock_fences f
+         WHERE starts_with(f.key, $1) AND hashtextextended(f.key, 0) IN (SELECT h.id FROM ({HOLDERS}) h)
+         ORDER BY f.key"
+    )))
+    .bind(prefix)
+    .fetch_all(&db.pool)
+    .await
+    .map_err(db.err())
+}

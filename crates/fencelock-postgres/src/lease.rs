@@ -1,0 +1,301 @@
+//! Lease mode: holders are rows of `fencelock_locks`, expiring by the server's
+//! clock; each operation is one statement (a PL/pgSQL function for acquire and
+//! release, a single `UPDATE … FROM unnest(…)` for the batched renew).
+
+use std::time::Duration;
+
+use fencelock_core::{
+    Error, FencingToken, HolderInfo, Key, LeaseRef, LockInfo, Mode, Released, Renewal, Request,
+    Result,
+};
+use sqlx::Row;
+
+use crate::NAME;
+use crate::db::Db;
+
+/// The table and functions, created on first use (idempotent; serialized by an
+/// advisory transaction lock so that concurrent first users do not collide).
+///
+/// One table holds both the holders and, in the row whose owner is `''`, each
+/// key's fence: that row is never deleted, so tokens keep rising.
+const SCHEMA: &[&str] = &[
+    r"CREATE TABLE IF NOT EXISTS fencelock_locks (
+        key        text        NOT NULL,
+        owner      text        NOT NULL,
+        mode       text        NOT NULL,
+        holds      integer     NOT NULL,
+        fence      bigint      NOT NULL,
+        expires_at timestamptz NOT NULL,
+        PRIMARY KEY (key, owner)
+    )",
+    r"CREATE OR REPLACE FUNCTION fencelock_acquire(k text, o text, m text, ttl_ms bigint, reent boolean, permits integer)
+    RETURNS TABLE (ok boolean, tok bigint, cnt integer, wait bigint)
+    LANGUAGE plpgsql AS $fl$
+    DECLARE
+        f bigint;
+        h record;
+        n integer;
+        all_shared boolean;
+        all_sema boolean;
+        first_exp timestamptz;
+    BEGIN
+        INSERT INTO fencelock_locks (key, owner, mode, holds, fence, expires_at)
+            VALUES (k, '', '', 0, 0, 'infinity') ON CONFLICT DO NOTHING;
+        -- The fence row serializes every change of this key.
+        SELECT l.fence INTO f FROM fencelock_locks l WHERE l.key = k AND l.owner = '' FOR UPDATE;
+        DELETE FROM fencelock_locks l WHERE l.key = k AND l.owner <> '' AND l.expires_at <= now();
+        SELECT l.mode, l.holds, l.fence INTO h FROM fencelock_locks l WHERE l.key = k AND l.owner = o;
+        IF FOUND THEN
+            IF h.mode <> m THEN
+                RAISE EXCEPTION 'owner % already holds % as %; a reentrant acquire must ask for the same mode (asked %)',
+                    o, k, h.mode, m USING ERRCODE = 'FL001';
+            END IF;
+            UPDATE fencelock_locks l SET holds = l.holds + reent::int,
+                expires_at = greatest(l.expires_at, now() + ttl_ms * interval '1 millisecond')
+                WHERE l.key = k AND l.owner = o;
+            RETURN QUERY SELECT true, h.fence, h.holds + reent::int, 0::bigint;
+            RETURN;
+        END IF;
+        SELECT count(*), coalesce(bool_and(l.mode = 'shared'), true),
+               coalesce(bool_and(l.mode LIKE 'semaphore:%'), true), min(l.expires_at)
+            INTO n, all_shared, all_sema, first_exp
+            FROM fencelock_locks l WHERE l.key = k AND l.owner <> '';
+        IF n > 0 AND NOT ((m = 'shared' AND all_shared) OR (m LIKE 'semaphore:%' AND all_sema AND n < permits)) THEN
+            RETURN QUERY SELECT false, 0::bigint, 0, greatest(0, extract(epoch FROM first_exp - now()) * 1000)::bigint;
+            RETURN;
+        END IF;
+        f := f + 1;
+        UPDATE fencelock_locks l SET fence = f WHERE l.key = k AND l.owner = '';
+        INSERT INTO fencelock_locks (key, owner, mode, holds, fence, expires_at)
+            VALUES (k, o, m, 1, f, now() + ttl_ms * interval '1 millisecond');
+        RETURN QUERY SELECT true, f, 1, 0::bigint;
+    END
+    $fl$",
+    // Gives one hold back: the holds left, or -1 if `o` holds no live row.
+    // `notify`: announce a free lock to waiters (not when handing it over).
+    r"CREATE OR REPLACE FUNCTION fencelock_release(k text, o text, notify boolean) RETURNS integer
+    LANGUAGE plpgsql AS $fl$
+    DECLARE
+        c integer;
+    BEGIN
+        SELECT l.holds INTO c FROM fencelock_locks l
+            WHERE l.key = k AND l.owner = o AND o <> '' AND l.expires_at > now() FOR UPDATE;
+        IF NOT FOUND THEN
+            RETURN -1;
+        END IF;
+        IF c > 1 THEN
+            UPDATE fencelock_locks l SET holds = l.holds - 1 WHERE l.key = k AND l.owner = o;
+            RETURN c - 1;
+        END IF;
+        DELETE FROM fencelock_locks l WHERE l.key = k AND l.owner = o;
+        IF notify THEN
+            PERFORM pg_notify('fencelock', k);
+        END IF;
+        RETURN 0;
+    END
+    $fl$",
+    // Release by `o` and, if that frees the lock, acquire for `n` in the same
+    // transaction: nobody can slip in between.
+    r"CREATE OR REPLACE FUNCTION fencelock_handoff(k text, o text, n text, m text, ttl_ms bigint, reent boolean, permits integer)
+    RETURNS TABLE (lft integer, ok boolean, tok bigint, cnt integer)
+    LANGUAGE plpgsql AS $fl$
+    DECLARE
+        c integer;
+        a record;
+    BEGIN
+        c := fencelock_release(k, o, false);
+        IF c <> 0 THEN
+            RETURN QUERY SELECT c, false, 0::bigint, 0;
+            RETURN;
+        END IF;
+        SELECT * INTO a FROM fencelock_acquire(k, n, m, ttl_ms, reent, permits);
+        IF NOT a.ok THEN
+            PERFORM pg_notify('fencelock', k);
+        END IF;
+        RETURN QUERY SELECT 0, a.ok, a.tok, a.cnt;
+    END
+    $fl$",
+];
+
+pub(crate) async fn create_schema(db: &Db) -> Result<()> {
+    let mut tx = db.pool.begin().await.map_err(db.err())?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('fencelock schema', 0))")
+        .execute(&mut *tx)
+        .await
+        .map_err(db.err())?;
+    for stmt in SCHEMA.iter().chain(crate::advisory::SCHEMA) {
+        sqlx::query(*stmt)
+            .execute(&mut *tx)
+            .await
+            .map_err(db.err())?;
+    }
+    tx.commit().await.map_err(db.err())
+}
+
+/// One acquire attempt: `Ok(token, holds)` or `Err(time until the first holder expires)`.
+pub(crate) async fn attempt(
+    db: &Db,
+    req: &Request,
+) -> Result<std::result::Result<(u64, u32), Duration>> {
+    let (ok, token, holds, wait): (bool, i64, i32, i64) =
+        sqlx::query_as("SELECT ok, tok, cnt, wait FROM fencelock_acquire($1, $2, $3, $4, $5, $6)")
+            .bind(req.key.as_str())
+            .bind(req.owner.as_str())
+            .bind(req.mode.as_label())
+            .bind(req.ttl.as_millis() as i64)
+            .bind(req.reentrant)
+            .bind(permits(req.mode))
+            .fetch_one(&db.pool)
+            .await
+            .map_err(db.err())?;
+    Ok(if ok {
+        Ok((token as u64, holds as u32))
+    } else {
+        Err(Duration::from_millis(wait.max(0) as u64))
+    })
+}
+
+pub(crate) async fn renew(db: &Db, leases: &[LeaseRef]) -> Result<Vec<Renewal>> {
+    let keys: Vec<&str> = leases.iter().map(|l| l.key.as_str()).collect();
+    let owners: Vec<&str> = leases.iter().map(|l| l.owner.as_str()).collect();
+    let ttls: Vec<i64> = leases.iter().map(|l| l.ttl.as_millis() as i64).collect();
+    let renewed: Vec<(String, String)> = sqlx::query_as(
+        "UPDATE fencelock_locks l SET expires_at = now() + u.ttl * interval '1 millisecond'
+         FROM unnest($1::text[], $2::text[], $3::bigint[]) AS u(k, o, ttl)
+         WHERE l.key = u.k AND l.owner = u.o AND u.o <> '' AND l.expires_at > now()
+         RETURNING l.key, l.owner",
+    )
+    .bind(&keys)
+    .bind(&owners)
+    .bind(&ttls)
+    .fetch_all(&db.pool)
+    .await
+    .map_err(db.err())?;
+    Ok(leases
+        .iter()
+        .map(|l| {
+            if renewed
+                .iter()
+                .any(|(k, o)| k == l.key.as_str() && o == l.owner.as_str())
+            {
+                Renewal::Held { ttl: l.ttl }
+            } else {
+                Renewal::Lost {
+                    reason: "no unexpired row for this owner in fencelock_locks".into(),
+                }
+            }
+        })
+        .collect())
+}
+
+pub(crate) async fn release(db: &Db, lease: &LeaseRef) -> Result<Released> {
+    let left: i32 = sqlx::query_scalar("SELECT fencelock_release($1, $2, true)")
+        .bind(lease.key.as_str())
+        .bind(lease.owner.as_str())
+        .fetch_one(&db.pool)
+        .await
+        .map_err(db.err())?;
+    if left < 0 {
+        return Err(Error::NotHeld {
+            key: lease.key.to_string(),
+            owner: lease.owner.to_string(),
+        });
+    }
+    Ok(Released::new(left as u32))
+}
+
+/// Releases `lease` and, if the lock became free, grants it to `next`.
+pub(crate) async fn handoff(
+    db: &Db,
+    lease: &LeaseRef,
+    next: &Request,
+) -> Result<(Released, Option<(u64, u32)>)> {
+    let (left, ok, token, holds): (i32, bool, i64, i32) = sqlx::query_as(
+        "SELECT lft, ok, tok, cnt FROM fencelock_handoff($1, $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(lease.key.as_str())
+    .bind(lease.owner.as_str())
+    .bind(next.owner.as_str())
+    .bind(next.mode.as_label())
+    .bind(next.ttl.as_millis() as i64)
+    .bind(next.reentrant)
+    .bind(permits(next.mode))
+    .fetch_one(&db.pool)
+    .await
+    .map_err(db.err())?;
+    if left < 0 {
+        return Err(Error::NotHeld {
+            key: lease.key.to_string(),
+            owner: lease.owner.to_string(),
+        });
+    }
+    Ok((
+        Released::new(left as u32),
+        ok.then_some((token as u64, holds as u32)),
+    ))
+}
+
+fn permits(mode: Mode) -> i32 {
+    match mode {
+        Mode::Semaphore { permits } => permits.min(i32::MAX as u32) as i32,
+        _ => 0,
+    }
+}
+
+pub(crate) async fn force_release(db: &Db, key: &Key) -> Result<()> {
+    sqlx::query(
+        "WITH gone AS (DELETE FROM fencelock_locks WHERE key = $1 AND owner <> '' RETURNING key)
+         SELECT pg_notify('fencelock', $1)",
+    )
+    .bind(key.as_str())
+    .execute(&db.pool)
+    .await
+    .map_err(db.err())?;
+    Ok(())
+}
+
+pub(crate) async fn inspect(db: &Db, key: &Key) -> Result<Option<LockInfo>> {
+    let rows = sqlx::query(
+        "SELECT owner, mode, holds, fence, CASE WHEN owner = '' THEN 0 ELSE (extract(epoch FROM expires_at - now()) * 1000)::bigint END AS left_ms
+         FROM fencelock_locks WHERE key = $1 AND (owner = '' OR expires_at > now()) ORDER BY fence",
+    )
+    .bind(key.as_str())
+    .fetch_all(&db.pool)
+    .await
+    .map_err(db.err())?;
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    let mut last = None;
+    let mut holders = Vec::new();
+    for row in rows {
+        let owner: String = row.try_get("owner").map_err(db.err())?;
+        let fence: i64 = row.try_get("fence").map_err(db.err())?;
+        if owner.is_empty() {
+            last = (fence > 0).then(|| FencingToken::new(fence as u64));
+            continue;
+        }
+        let mode: String = row.try_get("mode").map_err(db.err())?;
+        let holds: i32 = row.try_get("holds").map_err(db.err())?;
+        let left: i64 = row.try_get("left_ms").map_err(db.err())?;
+        holders.push(HolderInfo::new(
+            owner,
+            Mode::parse(&mode).map_err(|e| Error::backend(NAME, e))?,
+            holds as u32,
+            Some(FencingToken::new(fence as u64)),
+            Some(Duration::from_millis(left.max(0) as u64)),
+        ));
+    }
+    Ok(Some(LockInfo::new(key.as_str(), holders, last)))
+}
+
+pub(crate) async fn held_keys(db: &Db, prefix: &str) -> Result<Vec<String>> {
+    sqlx::query_scalar(
+        "SELECT DISTINCT key FROM fencelock_locks
+         WHERE owner <> '' AND expires_at > now() AND starts_with(key, $1) ORDER BY key",
+    )
+    .bind(prefix)
+    .fetch_all(&db.pool)
+    .await
+    .map_err(db.err())
+}

@@ -1,0 +1,315 @@
+//! PostgreSQL backend of fencelock, in two modes, plus the database lock
+//! patterns of the literature ([`patterns`]).
+//!
+//! # Modes
+//!
+//! - **lease** (`postgres://…`, `?mode=lease`, the default): each holder is a
+//!   row of `fencelock_locks` whose `expires_at` follows the server's clock; a
+//!   per-key `fence` survives release, so tokens keep rising. Acquire, release
+//!   and the watchdog's batched renew are one statement each (acquire and
+//!   release are PL/pgSQL functions serialized by the key's fence row). A
+//!   release `NOTIFY`s channel `fencelock`; waiters `LISTEN` on one connection
+//!   per backend and re-check after a bounded time, so a lost notification
+//!   costs a delay, never a hang. All modes; reentrancy; handoff to the next
+//!   waiter of the same process in the releasing statement.
+//! - **advisory** (`?mode=advisory`): `pg_advisory_lock` on a session held for
+//!   the guard's life; waiters block in the server. The session ending (server
+//!   restart, `pg_terminate_backend`, network loss) fires the guard's `lost()`;
+//!   the session's `idle_session_timeout` is the TTL, so a paused holder loses
+//!   the lock too. Tokens come from `fencelock_fences`, bumped at grant. See
+//!   the `advisory` module notes on hash collisions.
+//!
+//! The schema is created on first use (idempotently). PostgreSQL 14 or later
+//! (`idle_session_timeout`, `client_connection_check_interval`).
+//!
+//! # Examples
+//!
+//! ```
+//! use fencelock_core::Locker;
+//! use fencelock_postgres::PostgresBackend;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> fencelock_core::Result<()> {
+//! let url = "postgres://postgres:postgres@127.0.0.1:5432/test";
+//! let locker = Locker::new(PostgresBackend::connect(url).await?);
+//! let guard = locker.lock("doc-example/nightly-report").acquire().await?;
+//! assert!(guard.token().is_some());
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs)]
+
+mod advisory;
+mod db;
+mod lease;
+mod listen;
+mod options;
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fencelock_core::{
+    Backend, Backoff, Capabilities, Error, FencingToken, Grant, Key, LeaseRef, LockInfo, Released,
+    Renewal, Request, Result, async_trait,
+};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tokio::sync::OnceCell;
+use tokio::time::Instant;
+
+pub use options::{PgMode, PgOptions};
+
+use crate::advisory::Advisory;
+use crate::db::Db;
+use crate::listen::Waiters;
+
+const NAME: &str = "postgres";
+
+/// Longest a lease-mode waiter sleeps between checks when no notification comes.
+const MAX_RECHECK: Duration = Duration::from_secs(1);
+
+/// Locks in PostgreSQL (`postgres://user:password@host:port/db[?mode=lease|advisory]`).
+/// Clones share the pool, the listener and the held sessions.
+#[derive(Clone)]
+pub struct PostgresBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    db: Db,
+    options: PgOptions,
+    connect: PgConnectOptions,
+    waiters: Arc<Waiters>,
+    listening: OnceCell<()>,
+    advisory: Advisory,
+}
+
+impl PostgresBackend {
+    /// Connects to the database a `postgres://` URL names and creates the schema
+    /// if needed.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] for a bad URL or option; [`Error::Connection`] if
+    /// the server cannot be reached or refuses the login.
+    pub async fn connect(url: &str) -> Result<PostgresBackend> {
+        let (driver_url, options) = options::parse_url(url)?;
+        let connect = PgConnectOptions::from_str(&driver_url)
+            .map_err(|e| Error::config(format!("postgres URL: {e}")))?
+            .application_name("fencelock");
+        let pool = PgPoolOptions::new()
+            .max_connections(options.pool)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(connect.clone())
+            .await
+            .map_err(|e| db::map_err(&fencelock_core::redact_url(url), e))?;
+        let db = Db::new(pool, url);
+        lease::create_schema(&db).await?;
+        let advisory = Advisory::new(connect.clone(), db.addr.clone(), options.pool as usize);
+        Ok(PostgresBackend {
+            inner: Arc::new(Inner {
+                db,
+                options,
+                connect,
+                waiters: Arc::new(Waiters::default()),
+                listening: OnceCell::new(),
+                advisory,
+            }),
+        })
+    }
+
+    /// The options in force.
+    pub fn options(&self) -> &PgOptions {
+        &self.inner.options
+    }
+
+    /// The connection pool (lease mode's statements run on it), for the
+    /// [`patterns`] helpers and your own queries.
+    pub fn pool(&self) -> &sqlx::PgPool {
+        &self.inner.db.pool
+    }
+
+    /// Removes every holder of `key` at once (an operator breaking a lock; the
+    /// testkit's "stolen lease"): lease rows are deleted, advisory sessions
+    /// terminated. The fence stays.
+    ///
+    /// # Errors
+    ///
+    /// Database errors.
+    pub async fn force_release(&self, key: &Key) -> Result<()> {
+        match self.inner.options.mode {
+            PgMode::Lease => lease::force_release(&self.inner.db, key).await,
+            PgMode::Advisory => advisory::force_release(&self.inner.db, key).await,
+        }
+    }
+
+    fn lease_grant(req: &Request, token: u64, holds: u32, requested_at: Instant) -> Grant {
+        Grant::new(Some(FencingToken::new(token)), req.ttl, holds, requested_at)
+    }
+
+    /// Starts the LISTEN task once.
+    async fn listen(&self) {
+        self.inner
+            .listening
+            .get_or_init(|| async {
+                let waiters = Arc::downgrade(&self.inner.waiters);
+                tokio::spawn(listen::run(self.inner.connect.clone(), waiters));
+            })
+            .await;
+    }
+
+    async fn acquire_lease(
+        &self,
+        req: &Request,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Grant>> {
+        self.listen().await;
+        let wake = self.inner.waiters.of(req.key.as_str());
+        let mut backoff = Backoff::new(Duration::from_millis(20), MAX_RECHECK);
+        loop {
+            let released = wake.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
+            let requested_at = Instant::now();
+            let hint = match lease::attempt(&self.inner.db, req).await? {
+                Ok((token, holds)) => {
+                    return Ok(Some(Self::lease_grant(req, token, holds, requested_at)));
+                }
+                Err(left) => left,
+            };
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(None);
+            }
+            // Woken by the release's NOTIFY, else re-check when the holder's
+            // lease would end, and at least every MAX_RECHECK.
+            tokio::select! {
+                _ = &mut released => backoff.reset(),
+                _ = backoff.sleep(deadline, Some(hint + Duration::from_millis(1))) => {}
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for PostgresBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::NONE
+            .with_fencing(true)
+            .with_shared(true)
+            .with_semaphore(true)
+            .with_reentrant(true)
+            .with_native_wait(true)
+            .with_ttl(true)
+            .with_inspect(true)
+            .with_cross_process(true)
+    }
+
+    fn address(&self) -> String {
+        self.inner.db.addr.clone()
+    }
+
+    fn default_ttl(&self) -> Option<Duration> {
+        self.inner.options.default_ttl
+    }
+
+    async fn try_acquire(&self, req: &Request) -> Result<Option<Grant>> {
+        match self.inner.options.mode {
+            PgMode::Lease => {
+                let requested_at = Instant::now();
+                Ok(lease::attempt(&self.inner.db, req)
+                    .await?
+                    .ok()
+                    .map(|(token, holds)| Self::lease_grant(req, token, holds, requested_at)))
+            }
+            PgMode::Advisory => self.inner.advisory.acquire(req, None).await,
+        }
+    }
+
+    async fn acquire(&self, req: &Request, deadline: Option<Instant>) -> Result<Option<Grant>> {
+        match (self.inner.options.mode, req.mode) {
+            (PgMode::Lease, _) => self.acquire_lease(req, deadline).await,
+            (PgMode::Advisory, fencelock_core::Mode::Semaphore { .. }) => {
+                let mut backoff =
+                    Backoff::new(Duration::from_millis(2), Duration::from_millis(200));
+                loop {
+                    if let Some(grant) = self.inner.advisory.acquire(req, None).await? {
+                        return Ok(Some(grant));
+                    }
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Ok(None);
+                    }
+                    backoff.sleep(deadline, None).await;
+                }
+            }
+            (PgMode::Advisory, _) => self.inner.advisory.acquire(req, Some(deadline)).await,
+        }
+    }
+
+    async fn renew(&self, leases: &[LeaseRef]) -> Result<Vec<Renewal>> {
+        match self.inner.options.mode {
+            PgMode::Lease => lease::renew(&self.inner.db, leases).await,
+            PgMode::Advisory => Ok(self.inner.advisory.renew(leases).await),
+        }
+    }
+
+    async fn release(&self, lease: &LeaseRef) -> Result<Released> {
+        match self.inner.options.mode {
+            PgMode::Lease => lease::release(&self.inner.db, lease).await,
+            PgMode::Advisory => self.inner.advisory.release(lease).await,
+        }
+    }
+
+    async fn release_to(
+        &self,
+        lease: &LeaseRef,
+        next: &Request,
+    ) -> Result<(Released, Option<Grant>)> {
+        match self.inner.options.mode {
+            PgMode::Lease => {
+                let requested_at = Instant::now();
+                let (released, handed) = lease::handoff(&self.inner.db, lease, next).await?;
+                Ok((
+                    released,
+                    handed
+                        .map(|(token, holds)| Self::lease_grant(next, token, holds, requested_at)),
+                ))
+            }
+            // The server's own queue hands the lock to its next waiter.
+            PgMode::Advisory => Ok((self.release(lease).await?, None)),
+        }
+    }
+
+    async fn inspect(&self, key: &Key) -> Result<Option<LockInfo>> {
+        match self.inner.options.mode {
+            PgMode::Lease => lease::inspect(&self.inner.db, key).await,
+            PgMode::Advisory => advisory::inspect(&self.inner.db, key).await,
+        }
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
+        let keys = match self.inner.options.mode {
+            PgMode::Lease => lease::held_keys(&self.inner.db, prefix).await?,
+            PgMode::Advisory => advisory::held_keys(&self.inner.db, prefix).await?,
+        };
+        let mut out = Vec::with_capacity(keys.len());
+        for k in keys {
+            let key = Key::new(k).map_err(|e| Error::backend(NAME, e))?;
+            if let Some(info) = self.inspect(&key).await? {
+                out.push(info);
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl std::fmt::Debug for PostgresBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresBackend")
+            .field("addr", &self.inner.db.addr)
+            .field("mode", &self.inner.options.mode)
+            .finish()
+    }
+}
