@@ -43,6 +43,7 @@ mod db;
 mod lease;
 mod listen;
 mod options;
+pub mod patterns;
 
 use std::str::FromStr;
 use std::sync::Arc;
