@@ -191,6 +191,53 @@ start_zookeeper() {
 
 # Python clients the interop tests drive (pinned): kazurator, a port of
 # Curator's recipes.
+# PostgreSQL (Debian's cluster tools): the `test` database, password login for
+# `postgres` over TCP, room for the tests' many sessions.
+pg_sql() { runuser -u postgres -- psql -X -q -v ON_ERROR_STOP=1 -tA "$@"; }
+start_postgres() {
+    ensure_pkg postgresql pg_ctlcluster
+    local ver status=started
+    ver=$(ls /usr/lib/postgresql | sort -V | tail -1)
+    if port_open 5432; then
+        status="already running"
+    else
+        pg_lsclusters -h | awk '{print $1" "$2}' | grep -qx "$ver main" || pg_createcluster "$ver" main >/dev/null
+        pg_ctlcluster "$ver" main start
+        wait_port postgresql 5432
+    fi
+    if [ "$(pg_sql -c 'SHOW max_connections')" -lt 300 ]; then
+        pg_sql -c 'ALTER SYSTEM SET max_connections = 300'
+        pg_ctlcluster "$ver" main restart
+        wait_port postgresql 5432
+    fi
+    pg_sql -c "ALTER USER postgres PASSWORD 'postgres'"
+    pg_sql -c "SELECT 1 FROM pg_database WHERE datname = 'test'" | grep -q 1 || pg_sql -c 'CREATE DATABASE test'
+    say postgresql 127.0.0.1:5432 "$status"
+}
+
+# MariaDB: the `test` database and root with an empty password over TCP.
+start_mariadb() {
+    ensure_pkg mariadb-server mariadbd
+    local status=started
+    if port_open 3306; then
+        status="already running"
+    else
+        service mariadb start >/dev/null 2>&1 || {
+            mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld
+            (mysqld_safe >/dev/null 2>&1 &)
+        }
+        wait_port mariadb 3306
+    fi
+    mariadb -u root <<'SQL'
+ALTER USER 'root'@'localhost' IDENTIFIED VIA mysql_native_password USING PASSWORD('') OR unix_socket;
+CREATE USER IF NOT EXISTS 'root'@'127.0.0.1' IDENTIFIED BY '';
+GRANT ALL PRIVILEGES ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION;
+CREATE DATABASE IF NOT EXISTS test;
+SET GLOBAL max_connections = 500;
+SQL
+    say mariadb 127.0.0.1:3306 "$status"
+}
+
 setup_python_clients() {
     local venv="$STATE_DIR/pyenv"
     if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import kazurator' 2>/dev/null; then
@@ -223,6 +270,8 @@ main() {
     start_redlock
     start_redis_cluster
     start_zookeeper
+    start_postgres
+    start_mariadb
     setup_python_clients
 }
 
