@@ -12,6 +12,7 @@
 //! | `redis://`, `rediss://`, `redis+cluster://h1:p1,h2:p2` | Redis, Redis Cluster | `redis` |
 //! | `redlock://h1:p1,h2:p2,h3:p3,…` | Redlock over N independent Redis masters | `redis` |
 //! | `zk://h1:p1,h2:p2/chroot` | ZooKeeper (Curator-compatible recipes) | `zookeeper` |
+//! | `postgres://user:pw@host/db[?mode=lease\|advisory]` | PostgreSQL lease table or advisory locks | `postgres` |
 //!
 //! # Example
 //!
@@ -50,6 +51,8 @@ pub mod backends {
     pub use fencelock_sqlite as sqlite;
     #[cfg(feature = "zookeeper")]
     pub use fencelock_zookeeper as zookeeper;
+    #[cfg(feature = "postgres")]
+    pub use fencelock_postgres as postgres;
 }
 
 /// A scheme, the backend it selects, and the cargo feature that compiles it.
@@ -83,6 +86,9 @@ pub fn compiled_backends() -> Vec<&'static str> {
     }
     if cfg!(feature = "zookeeper") {
         v.push("zookeeper");
+    }
+    if cfg!(feature = "postgres") {
+        v.push("postgres");
     }
     v
 }
@@ -125,6 +131,10 @@ pub async fn connect_backend(url: &str) -> Result<Arc<dyn Backend>> {
         #[cfg(feature = "zookeeper")]
         "zk" => Ok(Arc::new(
             fencelock_zookeeper::ZooKeeperBackend::connect(url).await?,
+        )),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => Ok(Arc::new(
+            fencelock_postgres::PostgresBackend::connect(url).await?,
         )),
         #[cfg(feature = "sqlite")]
         "sqlite" => Ok(Arc::new(
