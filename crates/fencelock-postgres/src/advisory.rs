@@ -11,8 +11,11 @@
 //!   process whose TCP connection stays open) loses the lock when the server
 //!   ends its idle session; `client_connection_check_interval` ends a session
 //!   whose client went away while it waited.
-//! - Fencing: at grant, in the same transaction, the key's row of
-//!   `fencelock_fences` is bumped; its value is the token.
+//! - Fencing: at grant, in the same statement, the token is drawn from the
+//!   sequence `fencelock_advisory_fence` (one for all keys: strictly increasing
+//!   per key, not consecutive). A sequence survives a crash above every value it
+//!   handed out, and needs a WAL flush only once per 32 values — which keeps a
+//!   grant close to the cost of a bare `pg_advisory_lock`.
 //! - Waiting: exclusive and shared waiters block in the server
 //!   (`pg_advisory_lock` with `lock_timeout` = the time left); semaphore
 //!   waiters poll with backoff.
@@ -37,22 +40,22 @@ use crate::db::{Db, map_err, session_gone};
 
 /// Created on first use with the lease schema.
 pub(crate) const SCHEMA: &[&str] = &[
-    r"CREATE TABLE IF NOT EXISTS fencelock_fences (
-        key   text   PRIMARY KEY,
-        fence bigint NOT NULL
-    )",
-    // Called in the transaction that took the lock: the token, the TTL contract
-    // and the owner's name for `pg_stat_activity`.
+    // Keys ever locked in this mode, for `list` (written once per key).
+    r"CREATE TABLE IF NOT EXISTS fencelock_advisory_keys (key text PRIMARY KEY)",
+    // Tokens. A sequence is crash-safe without a flush per value: it WAL-logs 32
+    // values ahead, and the transaction that logs them flushes at commit, so after
+    // a crash it resumes above every value it handed out.
+    r"CREATE SEQUENCE IF NOT EXISTS fencelock_advisory_fence",
+    // Called in the statement that took the lock: the token, the TTL contract
+    // and `fl:<token>:<owner>` as the session's name for inspection.
     r"CREATE OR REPLACE FUNCTION fencelock_advisory_granted(k text, o text, ttl_ms bigint) RETURNS bigint
     LANGUAGE plpgsql AS $fl$
     DECLARE
-        f bigint;
+        f bigint := nextval('fencelock_advisory_fence');
     BEGIN
+        INSERT INTO fencelock_advisory_keys (key) VALUES (k) ON CONFLICT DO NOTHING;
         PERFORM set_config('idle_session_timeout', ttl_ms::text, false);
-        PERFORM set_config('application_name', o, false);
-        INSERT INTO fencelock_fences AS x (key, fence) VALUES (k, 1)
-            ON CONFLICT (key) DO UPDATE SET fence = x.fence + 1
-            RETURNING x.fence INTO f;
+        PERFORM set_config('application_name', left('fl:' || f || ':' || o, 63), false);
         RETURN f;
     END
     $fl$",
@@ -100,15 +103,22 @@ pub(crate) const SCHEMA: &[&str] = &[
         PERFORM pg_advisory_unlock_shared(hashtextextended(k, 0));
     END
     $fl$",
-    // One session holds one guard's locks: let all of them go and make the
-    // session fit for the idle list again. False if it held nothing.
-    r"CREATE OR REPLACE FUNCTION fencelock_advisory_let_go() RETURNS boolean
+    // Lets go of the hold (false if the session did not have it), then of
+    // anything else (a session serves one hold), and makes the session fit for
+    // the idle list again.
+    r"CREATE OR REPLACE FUNCTION fencelock_advisory_let_go(k text, shared boolean, slot integer) RETURNS boolean
     LANGUAGE plpgsql AS $fl$
     DECLARE
         held boolean;
     BEGIN
-        SELECT EXISTS (SELECT 1 FROM pg_locks l
-            WHERE l.pid = pg_backend_pid() AND l.locktype = 'advisory' AND l.granted) INTO held;
+        IF slot > 0 THEN
+            held := pg_advisory_unlock(hashtextextended(k, slot));
+            held := pg_advisory_unlock_shared(hashtextextended(k, 0)) AND held;
+        ELSIF shared THEN
+            held := pg_advisory_unlock_shared(hashtextextended(k, 0));
+        ELSE
+            held := pg_advisory_unlock(hashtextextended(k, 0));
+        END IF;
         PERFORM pg_advisory_unlock_all();
         PERFORM set_config('idle_session_timeout', '0', false);
         PERFORM set_config('application_name', 'fencelock', false);
@@ -135,6 +145,8 @@ struct Session {
     owner: Owner,
     mode: Mode,
     token: u64,
+    /// The semaphore permit held (1…), 0 for exclusive and shared holds.
+    slot: i32,
     ttl: Duration,
     holds: Mutex<u32>,
     /// `None` once the session is known to be gone.
@@ -240,14 +252,17 @@ impl Advisory {
         let ttl_ms = req.ttl.as_millis().min(i32::MAX as u128) as i64;
         let taken = match req.mode {
             Mode::Semaphore { permits } => {
-                sqlx::query("SELECT tok FROM fencelock_advisory_permit($1, $2, $3, $4)")
+                sqlx::query("SELECT tok, slot FROM fencelock_advisory_permit($1, $2, $3, $4)")
                     .bind(req.key.as_str())
                     .bind(req.owner.as_str())
                     .bind(permits.min(i32::MAX as u32) as i32)
                     .bind(ttl_ms)
                     .fetch_optional(&mut conn)
                     .await
-                    .and_then(|row| row.map(|r| r.try_get::<i64, _>(0)).transpose())
+                    .and_then(|row| {
+                        row.map(|r| Ok((r.try_get::<i64, _>(0)?, r.try_get::<i32, _>(1)?)))
+                            .transpose()
+                    })
             }
             _ => {
                 let wait_ms: i64 = match wait {
@@ -274,11 +289,12 @@ impl Advisory {
                 .bind(ttl_ms)
                 .fetch_one(&mut conn)
                 .await
+                .map(|token| token.map(|t| (t, 0)))
             }
         };
         // On an error the connection is dropped: closing the session lets go of
         // anything it may have taken.
-        let Some(token) = taken.map_err(|e| self.err(e))? else {
+        let Some((token, slot)) = taken.map_err(|e| self.err(e))? else {
             self.put_back(conn);
             return Ok(None);
         };
@@ -291,6 +307,7 @@ impl Advisory {
             owner: req.owner.clone(),
             mode: req.mode,
             token: token as u64,
+            slot,
             ttl: req.ttl,
             holds: Mutex::new(1),
             conn: tokio::sync::Mutex::new(Some(conn)),
@@ -362,7 +379,10 @@ impl Advisory {
         let Some(mut conn) = s.conn.lock().await.take() else {
             return Err(not_held());
         };
-        match sqlx::query_scalar::<_, bool>("SELECT fencelock_advisory_let_go()")
+        match sqlx::query_scalar::<_, bool>("SELECT fencelock_advisory_let_go($1, $2, $3)")
+            .bind(s.key.as_str())
+            .bind(s.mode == Mode::Shared)
+            .bind(s.slot)
             .fetch_one(&mut conn)
             .await
         {
@@ -394,17 +414,19 @@ pub(crate) async fn force_release(db: &Db, key: &Key) -> Result<()> {
     Ok(())
 }
 
-/// Holders as `pg_locks` shows them: the owner is the session's
-/// `application_name` (cut to 63 bytes by the server), holds are not counted,
-/// and only an exclusive holder's token is known.
+/// Holders as `pg_locks` shows them, named by their sessions'
+/// `application_name` (`fl:<token>:<owner>`, the owner cut to fit 63 bytes).
+/// Holds are not counted; the last token is known only while the lock is held.
 pub(crate) async fn inspect(db: &Db, key: &Key) -> Result<Option<LockInfo>> {
-    let fence: Option<i64> =
-        sqlx::query_scalar("SELECT fence FROM fencelock_fences WHERE key = $1")
+    let known: Option<i32> =
+        sqlx::query_scalar("SELECT 1 FROM fencelock_advisory_keys WHERE key = $1")
             .bind(key.as_str())
             .fetch_optional(&db.pool)
             .await
             .map_err(db.err())?;
-    let Some(fence) = fence else { return Ok(None) };
+    if known.is_none() {
+        return Ok(None);
+    }
     let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
         "SELECT h.owner, h.lmode, h.id = hashtextextended($1, 0) AS main FROM ({HOLDERS}) h
          WHERE h.id IN (SELECT hashtextextended($1, s) FROM generate_series(0, {MAX_PERMIT_SEED}) s)"
@@ -413,37 +435,39 @@ pub(crate) async fn inspect(db: &Db, key: &Key) -> Result<Option<LockInfo>> {
     .fetch_all(&db.pool)
     .await
     .map_err(db.err())?;
-    let permits = rows
-        .iter()
-        .filter(|r| !r.try_get::<bool, _>("main").unwrap_or(true))
-        .count() as u32;
-    let mut holders = Vec::new();
+    let mut permits = 0;
+    let mut parsed = Vec::new();
     for row in &rows {
-        let owner: String = row.try_get("owner").map_err(db.err())?;
+        let name: String = row.try_get("owner").map_err(db.err())?;
         let lmode: String = row.try_get("lmode").map_err(db.err())?;
         let main: bool = row.try_get("main").map_err(db.err())?;
+        permits += u32::from(!main);
+        let (token, owner) = match name.strip_prefix("fl:").and_then(|r| r.split_once(':')) {
+            Some((t, o)) => (t.parse::<u64>().ok().map(FencingToken::new), o.to_string()),
+            None => (None, name),
+        };
+        parsed.push((owner, lmode, main, token));
+    }
+    let mut holders = Vec::new();
+    for (owner, lmode, main, token) in parsed {
         let mode = match (main, lmode.as_str()) {
             (true, "ExclusiveLock") => Mode::Exclusive,
             (true, _) if permits > 0 => continue, // a permit holder's shared hold
             (true, _) => Mode::Shared,
+            // The permit count is not stored: this shows the permits in use.
             (false, _) => Mode::Semaphore { permits },
         };
-        // Only an exclusive holder's token is known: no grant can follow its own.
-        let token = (mode == Mode::Exclusive).then(|| FencingToken::new(fence as u64));
         holders.push(HolderInfo::new(owner, mode, 1, token, None));
     }
-    Ok(Some(LockInfo::new(
-        key.as_str(),
-        holders,
-        Some(FencingToken::new(fence as u64)),
-    )))
+    let last = holders.iter().filter_map(|h| h.token).max();
+    Ok(Some(LockInfo::new(key.as_str(), holders, last)))
 }
 
 pub(crate) async fn held_keys(db: &Db, prefix: &str) -> Result<Vec<String>> {
     sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT f.key FROM fencelock_fences f
-         WHERE starts_with(f.key, $1) AND hashtextextended(f.key, 0) IN (SELECT h.id FROM ({HOLDERS}) h)
-         ORDER BY f.key"
+        "SELECT k.key FROM fencelock_advisory_keys k
+         WHERE starts_with(k.key, $1) AND hashtextextended(k.key, 0) IN (SELECT h.id FROM ({HOLDERS}) h)
+         ORDER BY k.key"
     )))
     .bind(prefix)
     .fetch_all(&db.pool)

@@ -73,6 +73,9 @@ const SCHEMA: &[&str] = &[
     $fl$",
     // Gives one hold back: the holds left, or -1 if `o` holds no live row.
     // `notify`: announce a free lock to waiters (not when handing it over).
+    // A plain release commits without waiting for the WAL flush: if a crash
+    // loses it, the row comes back and expires after its TTL — later than
+    // asked, never two holders. Grants and renewals stay synchronous.
     r"CREATE OR REPLACE FUNCTION fencelock_release(k text, o text, notify boolean) RETURNS integer
     LANGUAGE plpgsql AS $fl$
     DECLARE
@@ -89,6 +92,7 @@ const SCHEMA: &[&str] = &[
         END IF;
         DELETE FROM fencelock_locks l WHERE l.key = k AND l.owner = o;
         IF notify THEN
+            PERFORM set_config('synchronous_commit', 'off', true);
             PERFORM pg_notify('fencelock', k);
         END IF;
         RETURN 0;

@@ -16,8 +16,11 @@
 //!   the guard's life; waiters block in the server. The session ending (server
 //!   restart, `pg_terminate_backend`, network loss) fires the guard's `lost()`;
 //!   the session's `idle_session_timeout` is the TTL, so a paused holder loses
-//!   the lock too. Tokens come from `fencelock_fences`, bumped at grant. See
-//!   the `advisory` module notes on hash collisions.
+//!   the lock too. Tokens come from a crash-safe sequence drawn at grant. Lock
+//!   ids are 64-bit hashes of the keys (`hashtextextended(key, 0)`): two keys
+//!   whose hashes collide share a lock (for a million keys the chance of any
+//!   collision is about 3·10⁻⁸), as does another program that takes advisory
+//!   locks with the same ids in the same database.
 //!
 //! The schema is created on first use (idempotently). PostgreSQL 14 or later
 //! (`idle_session_timeout`, `client_connection_check_interval`).
@@ -100,6 +103,9 @@ impl PostgresBackend {
         let pool = PgPoolOptions::new()
             .max_connections(options.pool)
             .acquire_timeout(Duration::from_secs(10))
+            // A broken connection shows as an error of the statement itself; a
+            // ping before each would double the round trips.
+            .test_before_acquire(false)
             .connect_with(connect.clone())
             .await
             .map_err(|e| db::map_err(&fencelock_core::redact_url(url), e))?;

@@ -45,14 +45,14 @@ pub use fencelock_core::*;
 pub mod backends {
     /// The in-memory backend (always present).
     pub use fencelock_core::MemoryBackend;
+    #[cfg(feature = "postgres")]
+    pub use fencelock_postgres as postgres;
     #[cfg(feature = "redis")]
     pub use fencelock_redis as redis;
     #[cfg(feature = "sqlite")]
     pub use fencelock_sqlite as sqlite;
     #[cfg(feature = "zookeeper")]
     pub use fencelock_zookeeper as zookeeper;
-    #[cfg(feature = "postgres")]
-    pub use fencelock_postgres as postgres;
 }
 
 /// A scheme, the backend it selects, and the cargo feature that compiles it.
