@@ -35,6 +35,7 @@ mod admission;
 mod backend;
 mod backoff;
 mod capabilities;
+pub mod clock;
 mod error;
 mod guard;
 mod history;

@@ -415,7 +415,7 @@ impl RedlockBackend {
     /// agree on it in the same round trip: this client's clock in µs plus a
     /// second of allowance for clock skew, strictly rising per client.
     fn propose(&self) -> u64 {
-        let now = std::time::SystemTime::now()
+        let now = fencelock_core::clock::wall_now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_micros() as u64);
         let want = now + 1_000_000;

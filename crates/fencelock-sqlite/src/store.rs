@@ -2,7 +2,7 @@
 //! every change is one `BEGIN IMMEDIATE` transaction.
 
 use std::path::Path;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use fencelock_core::{
     Admission, Error, FencingToken, HolderInfo, Key, LeaseRef, LockInfo, Mode, Released, Renewal,
@@ -47,7 +47,7 @@ fn db_err(e: rusqlite::Error) -> Error {
 }
 
 fn now_ms() -> i64 {
-    unix_millis(SystemTime::now())
+    unix_millis(fencelock_core::clock::wall_now())
 }
 
 fn ms(d: Duration) -> i64 {

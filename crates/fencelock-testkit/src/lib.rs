@@ -8,12 +8,14 @@
 
 mod conformance;
 mod flaky;
+mod holder;
 mod proxy;
 mod server;
 
 pub use conformance::{CaseReport, Harness, Outcome, Report, run_conformance};
 pub use fencelock_core::{HistorySummary, Hold, Violation, check_history};
 pub use flaky::FlakyBackend;
+pub use holder::HolderProcess;
 pub use proxy::{FaultProxy, ProxyMode};
 pub use server::{ServerProcess, free_port, send_signal, wait_for_port};
 

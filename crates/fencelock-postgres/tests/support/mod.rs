@@ -1,0 +1,150 @@
+//! A throw-away PostgreSQL server of the test's own (fault tests restart it),
+//! and the holder process the SIGKILL/SIGSTOP tests signal.
+
+#![allow(dead_code)]
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use fencelock_testkit::{Signal, free_port, send_signal, wait_for_port};
+
+pub const SHARED: &str = "postgres://postgres:postgres@127.0.0.1:5432/test";
+
+/// The newest installed PostgreSQL's program `name`.
+fn bin(name: &str) -> PathBuf {
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .expect("PostgreSQL is installed (scripts/services.sh)")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    versions.sort_by_key(|p| {
+        p.file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.parse::<u32>().ok())
+            .unwrap_or(0)
+    });
+    versions
+        .last()
+        .expect("a PostgreSQL version")
+        .join("bin")
+        .join(name)
+}
+
+/// The uid and gid of the `postgres` account (the server refuses to run as root).
+fn postgres_ids() -> (u32, u32) {
+    let id = |flag: &str| -> u32 {
+        let out = Command::new("id")
+            .args([flag, "postgres"])
+            .output()
+            .expect("id");
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .expect("a postgres account")
+    };
+    (id("-u"), id("-g"))
+}
+
+/// A private server on a free port, in a temporary data directory.
+pub struct PrivatePostgres {
+    dir: tempfile::TempDir,
+    port: u16,
+    ids: (u32, u32),
+    child: Option<Child>,
+}
+
+impl PrivatePostgres {
+    pub fn start() -> PrivatePostgres {
+        let ids = postgres_ids();
+        let dir = tempfile::tempdir().unwrap();
+        std::os::unix::fs::chown(dir.path(), Some(ids.0), Some(ids.1)).unwrap();
+        let status = Command::new(bin("initdb"))
+            .args([
+                "-D",
+                &data(dir.path()),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+            ])
+            .uid(ids.0)
+            .gid(ids.1)
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success(), "initdb failed");
+        let mut pg = PrivatePostgres {
+            dir,
+            port: free_port(),
+            ids,
+            child: None,
+        };
+        pg.run();
+        pg
+    }
+
+    fn run(&mut self) {
+        let dir = self.dir.path().to_string_lossy().to_string();
+        let child = Command::new(bin("postgres"))
+            .args(["-D", &data(self.dir.path()), "-p", &self.port.to_string()])
+            .args([
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                &format!("unix_socket_directories={dir}"),
+            ])
+            .uid(self.ids.0)
+            .gid(self.ids.1)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        wait_for_port(([127, 0, 0, 1], self.port).into(), Duration::from_secs(30)).unwrap();
+    }
+
+    pub fn url(&self, mode: &str) -> String {
+        format!(
+            "postgres://postgres@127.0.0.1:{}/postgres?mode={mode}",
+            self.port
+        )
+    }
+
+    /// Stops the server (fast shutdown: sessions are ended) and waits for it.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = send_signal(child.id(), Signal::SIGINT);
+            let _ = child.wait();
+        }
+    }
+
+    /// Stops and starts the server again on the same port and data.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.run();
+    }
+}
+
+fn data(dir: &Path) -> String {
+    dir.join("data").to_string_lossy().to_string()
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A key no other test run uses.
+pub fn unique(name: &str) -> String {
+    format!(
+        "pg-faults-{name}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    )
+}
