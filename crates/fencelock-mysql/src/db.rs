@@ -1,0 +1,87 @@
+//! The pool, its address for messages, and the mapping of driver errors.
+
+use fencelock_core::{Error, redact_url};
+use sqlx::MySqlPool;
+
+use crate::NAME;
+
+/// A pool and the (redacted) address it talks to.
+#[derive(Clone)]
+pub(crate) struct Db {
+    pub(crate) pool: MySqlPool,
+    pub(crate) addr: String,
+}
+
+impl Db {
+    pub(crate) fn new(pool: MySqlPool, url: &str) -> Db {
+        Db {
+            pool,
+            addr: redact_url(url),
+        }
+    }
+
+    /// Maps a driver error: connection trouble becomes [`Error::Connection`]
+    /// naming the address, anything the server said becomes [`Error::Backend`].
+    pub(crate) fn err(&self) -> impl Fn(sqlx::Error) -> Error + '_ {
+        move |e| map_err(&self.addr, e)
+    }
+}
+
+/// Server error numbers that mean the session is gone or the server is going
+/// away (killed connection, shutdown in progress, lost connection).
+fn is_connection_code(code: &str) -> bool {
+    matches!(
+        code,
+        "1053"
+            | "1077"
+            | "1078"
+            | "1079"
+            | "1080"
+            | "1152"
+            | "1153"
+            | "1158"
+            | "1159"
+            | "1160"
+            | "1161"
+            | "1927"
+            | "2006"
+            | "2013"
+            | "4031"
+    )
+}
+
+fn code_of(db: &dyn sqlx::error::DatabaseError) -> String {
+    db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+        .map(|e| e.number().to_string())
+        .unwrap_or_default()
+}
+
+pub(crate) fn map_err(addr: &str, e: sqlx::Error) -> Error {
+    match &e {
+        sqlx::Error::Database(db) => {
+            let code = code_of(db.as_ref());
+            if is_connection_code(&code) {
+                Error::connection(NAME, addr, db.message())
+            } else {
+                Error::backend(NAME, format!("{} (error {code})", db.message()))
+            }
+        }
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => Error::connection(NAME, addr, &e),
+        sqlx::Error::Configuration(_) => Error::config(format!("mysql: {e}")),
+        _ => Error::backend(NAME, &e),
+    }
+}
+
+/// True if the error says the session is gone (so nothing it held survives).
+pub(crate) fn session_gone(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => is_connection_code(&code_of(db.as_ref())),
+        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::Tls(_) => true,
+        _ => false,
+    }
+}

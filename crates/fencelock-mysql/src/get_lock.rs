@@ -1,0 +1,486 @@
+//! `get_lock` mode: `GET_LOCK` on a session held for the guard's life.
+//!
+//! - Names: a key of at most 64 characters is its own lock name (so other
+//!   programs' `GET_LOCK('name')` exclude fencelock and vice versa); a longer
+//!   key is named by its SHA-256 in hex (64 characters, the server's limit).
+//!   Semaphore permit `i` is the lock `<name>#<i>` (hashed the same way).
+//! - The TTL contract: the session's `wait_timeout` is the TTL (whole seconds,
+//!   rounded up — the server's unit), and the watchdog pings the session at
+//!   ttl/3, so a holder that stops (a paused process whose TCP connection stays
+//!   open) loses the lock when the server closes its idle session.
+//! - Fencing: at grant, `fencelock_fences` gets the key's next token with one
+//!   upsert (`LAST_INSERT_ID(fence + 1)`), which also records the holder and its
+//!   connection id for inspection.
+//! - Waiting: `GET_LOCK`'s own timeout (the server queues the waiters);
+//!   semaphore waiters poll the permits with backoff.
+//! - Shared (reader) locks are not supported: `GET_LOCK` has no shared form.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fencelock_core::{
+    Backoff, Error, FencingToken, Grant, HolderInfo, Key, LeaseRef, LockInfo, Mode, Owner,
+    Released, Renewal, Request, Result,
+};
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
+use sqlx::{Connection, Row};
+use tokio::time::Instant;
+
+use crate::db::{Db, map_err, session_gone};
+
+pub(crate) const SCHEMA: &str = r"CREATE TABLE IF NOT EXISTS fencelock_fences (
+    lock_key VARBINARY(256) NOT NULL PRIMARY KEY,
+    fence    BIGINT         NOT NULL,
+    holder   VARBINARY(256) NOT NULL,
+    conn_id  BIGINT         NOT NULL
+) ENGINE=InnoDB";
+
+/// The server-side expression of a lock name (binds: the name three times).
+const NAME_SQL: &str = "IF(CHAR_LENGTH(?) <= 64, ?, SHA2(?, 256))";
+
+/// The lock name of `key`, or of its permit `slot` (1…).
+fn lock_name(key: &Key, slot: u32) -> String {
+    if slot == 0 {
+        key.as_str().to_string()
+    } else {
+        format!("{}#{slot}", key.as_str())
+    }
+}
+
+/// One hold's session.
+struct Session {
+    key: Key,
+    owner: Owner,
+    mode: Mode,
+    token: u64,
+    /// The permit held (1…), 0 for an exclusive hold.
+    slot: u32,
+    ttl: Duration,
+    holds: Mutex<u32>,
+    /// `None` once the session is known to be gone.
+    conn: tokio::sync::Mutex<Option<MySqlConnection>>,
+}
+
+/// Sessions of this backend's holds, and idle sessions to reuse.
+pub(crate) struct GetLock {
+    options: MySqlConnectOptions,
+    addr: String,
+    idle: Mutex<Vec<MySqlConnection>>,
+    max_idle: usize,
+    held: Mutex<HashMap<String, Arc<Session>>>,
+    next_id: AtomicU64,
+}
+
+impl GetLock {
+    pub(crate) fn new(options: MySqlConnectOptions, addr: String, max_idle: usize) -> GetLock {
+        GetLock {
+            options,
+            addr,
+            idle: Mutex::new(Vec::new()),
+            max_idle,
+            held: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+        }
+    }
+
+    fn err(&self, e: sqlx::Error) -> Error {
+        map_err(&self.addr, e)
+    }
+
+    /// A session with `wait_timeout` = `ttl`: a reused idle one if it still
+    /// answers, else a new one.
+    async fn session(&self, ttl: Duration) -> Result<MySqlConnection> {
+        let secs = ttl.as_millis().div_ceil(1000).clamp(1, 31_536_000) as i64;
+        loop {
+            let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+            let (mut conn, reused) = match idle {
+                Some(c) => (c, true),
+                None => (
+                    MySqlConnection::connect_with(&self.options)
+                        .await
+                        .map_err(|e| self.err(e))?,
+                    false,
+                ),
+            };
+            match sqlx::query("SET SESSION wait_timeout = ?")
+                .bind(secs)
+                .execute(&mut conn)
+                .await
+            {
+                Ok(_) => return Ok(conn),
+                // An idle session the server closed meanwhile: take another.
+                Err(e) if reused && session_gone(&e) => continue,
+                Err(e) => return Err(self.err(e)),
+            }
+        }
+    }
+
+    fn put_back(&self, conn: MySqlConnection) {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < self.max_idle {
+            idle.push(conn);
+        }
+    }
+
+    fn find(&self, key: &Key, owner: &Owner) -> Option<(String, Arc<Session>)> {
+        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        held.iter()
+            .find(|(_, s)| &s.key == key && &s.owner == owner)
+            .map(|(h, s)| (h.clone(), s.clone()))
+    }
+
+    fn lookup(&self, lease: &LeaseRef) -> Option<Arc<Session>> {
+        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        held.get(&lease.handle)
+            .filter(|s| s.key == lease.key && s.owner == lease.owner)
+            .cloned()
+    }
+
+    fn forget(&self, handle: &str) {
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(handle);
+    }
+
+    /// `GET_LOCK` of `name` with `timeout` seconds (0: try once). MariaDB takes a
+    /// negative timeout as 0, so "forever" is a long wait repeated.
+    async fn get_lock(conn: &mut MySqlConnection, name: &str, timeout: f64) -> sqlx::Result<bool> {
+        let got: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT GET_LOCK({NAME_SQL}, ?)"
+        )))
+        .bind(name)
+        .bind(name)
+        .bind(name)
+        .bind(timeout)
+        .fetch_one(&mut *conn)
+        .await?;
+        Ok(got == Some(1))
+    }
+
+    /// Acquires on a session of its own. `wait`: `None` tries once, `Some(None)`
+    /// waits forever, `Some(Some(deadline))` waits until then.
+    pub(crate) async fn acquire(
+        &self,
+        req: &Request,
+        wait: Option<Option<Instant>>,
+    ) -> Result<Option<Grant>> {
+        let requested_at = Instant::now();
+        if req.mode == Mode::Shared {
+            return Err(Error::unsupported(
+                crate::NAME,
+                "shared (reader) locks in get_lock mode; use mode=lease",
+            ));
+        }
+        if let Some((handle, s)) = self.find(&req.key, &req.owner) {
+            if s.conn.lock().await.is_some() {
+                if s.mode != req.mode {
+                    return Err(Error::config(format!(
+                        "owner {:?} already holds {:?} as {}; a reentrant acquire must ask for the same mode (asked {})",
+                        req.owner.as_str(),
+                        req.key.as_str(),
+                        s.mode,
+                        req.mode
+                    )));
+                }
+                let holds = {
+                    let mut h = s.holds.lock().unwrap_or_else(|p| p.into_inner());
+                    *h += u32::from(req.reentrant);
+                    *h
+                };
+                let grant =
+                    Grant::new(Some(FencingToken::new(s.token)), s.ttl, holds, requested_at);
+                return Ok(Some(grant.with_handle(handle)));
+            }
+            self.forget(&handle);
+        }
+        let mut conn = self.session(req.ttl).await?;
+        // On an error the connection is dropped: closing the session lets go of
+        // any lock it may have taken.
+        let slot = match req.mode {
+            Mode::Semaphore { permits } => self.take_permit(&mut conn, &req.key, permits).await?,
+            _ => self.take_exclusive(&mut conn, &req.key, wait).await?,
+        };
+        let Some(slot) = slot else {
+            self.put_back(conn);
+            return Ok(None);
+        };
+        let token = sqlx::query(
+            "INSERT INTO fencelock_fences (lock_key, fence, holder, conn_id) VALUES (?, LAST_INSERT_ID(1), ?, CONNECTION_ID())
+             ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1), holder = VALUES(holder), conn_id = VALUES(conn_id)",
+        )
+        .bind(req.key.as_str().as_bytes())
+        .bind(req.owner.as_str().as_bytes())
+        .execute(&mut conn)
+        .await
+        .map_err(|e| self.err(e))?
+        .last_insert_id();
+        let handle = format!(
+            "mysql-get-lock-{}",
+            self.next_id.fetch_add(1, Ordering::Relaxed)
+        );
+        let session = Session {
+            key: req.key.clone(),
+            owner: req.owner.clone(),
+            mode: req.mode,
+            token,
+            slot,
+            ttl: req.ttl,
+            holds: Mutex::new(1),
+            conn: tokio::sync::Mutex::new(Some(conn)),
+        };
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(handle.clone(), Arc::new(session));
+        let grant = Grant::new(Some(FencingToken::new(token)), req.ttl, 1, requested_at);
+        Ok(Some(grant.with_handle(handle)))
+    }
+
+    /// Takes a free permit of `key`, unless an exclusive holder has the key.
+    async fn take_permit(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &Key,
+        permits: u32,
+    ) -> Result<Option<u32>> {
+        if permits > MAX_PERMITS {
+            return Err(Error::config(format!(
+                "a semaphore of {permits} permits: get_lock mode allows at most {MAX_PERMITS}; use mode=lease"
+            )));
+        }
+        let first = fastrand::u32(0..permits);
+        for i in 0..permits {
+            let slot = (first + i) % permits + 1;
+            let name = lock_name(key, slot);
+            if !Self::get_lock(conn, &name, 0.0)
+                .await
+                .map_err(|e| self.err(e))?
+            {
+                continue;
+            }
+            // Taken first, checked second (an exclusive taker does the same two
+            // steps on its own name), so of two racers at least one sees the other.
+            if users(&mut *conn, key, 0)
+                .await
+                .map_err(|e| self.err(e))?
+                .is_empty()
+            {
+                return Ok(Some(slot));
+            }
+            Self::let_go(conn, &name).await.map_err(|e| self.err(e))?;
+            return Ok(None);
+        }
+        Ok(None)
+    }
+
+    /// Takes `key` exclusively, waiting as `wait` says, and only while no permit
+    /// of it is held.
+    async fn take_exclusive(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &Key,
+        wait: Option<Option<Instant>>,
+    ) -> Result<Option<u32>> {
+        const A_DAY: f64 = 86_400.0;
+        let mut backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(200));
+        loop {
+            let timeout = match wait {
+                None => 0.0,
+                Some(None) => A_DAY,
+                Some(Some(deadline)) => deadline
+                    .saturating_duration_since(Instant::now())
+                    .as_secs_f64(),
+            };
+            if Self::get_lock(conn, key.as_str(), timeout)
+                .await
+                .map_err(|e| self.err(e))?
+            {
+                let used = users(&mut *conn, key, MAX_PERMITS)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                if used.iter().all(|(slot, _)| *slot == 0) {
+                    return Ok(Some(0));
+                }
+                // Permit holders have the key: let go and wait for them.
+                Self::let_go(conn, key.as_str())
+                    .await
+                    .map_err(|e| self.err(e))?;
+            } else if wait != Some(None) {
+                return Ok(None);
+            }
+            let Some(deadline) = wait else {
+                return Ok(None);
+            };
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(None);
+            }
+            backoff.sleep(deadline, None).await;
+        }
+    }
+
+    /// `RELEASE_LOCK` of `name`: true if this session held it.
+    async fn let_go(conn: &mut MySqlConnection, name: &str) -> sqlx::Result<bool> {
+        let released: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT RELEASE_LOCK({NAME_SQL})"
+        )))
+        .bind(name)
+        .bind(name)
+        .bind(name)
+        .fetch_one(&mut *conn)
+        .await?;
+        Ok(released == Some(1))
+    }
+
+    /// Pings each lease's session (which also restarts its idle timeout).
+    pub(crate) async fn renew(&self, leases: &[LeaseRef]) -> Vec<Renewal> {
+        futures::future::join_all(leases.iter().map(|l| self.ping(l))).await
+    }
+
+    async fn ping(&self, lease: &LeaseRef) -> Renewal {
+        let Some(s) = self.lookup(lease) else {
+            return Renewal::Lost {
+                reason: "this client holds no session for it".into(),
+            };
+        };
+        let mut conn = s.conn.lock().await;
+        let Some(c) = conn.as_mut() else {
+            return Renewal::Lost {
+                reason: "its database session ended".into(),
+            };
+        };
+        let ping = tokio::time::timeout(lease.ttl, sqlx::query("SELECT 1").execute(&mut *c)).await;
+        let reason = match ping {
+            Ok(Ok(_)) => return Renewal::Held { ttl: lease.ttl },
+            Ok(Err(e)) => format!("its database session ended: {e}"),
+            Err(_) => format!("its database session did not answer within {:?}", lease.ttl),
+        };
+        *conn = None;
+        self.forget(&lease.handle);
+        Renewal::Lost { reason }
+    }
+
+    pub(crate) async fn release(&self, lease: &LeaseRef) -> Result<Released> {
+        let not_held = || Error::NotHeld {
+            key: lease.key.to_string(),
+            owner: lease.owner.to_string(),
+        };
+        let s = self.lookup(lease).ok_or_else(not_held)?;
+        {
+            let mut holds = s.holds.lock().unwrap_or_else(|p| p.into_inner());
+            if *holds > 1 {
+                *holds -= 1;
+                return Ok(Released::new(*holds));
+            }
+        }
+        self.forget(&lease.handle);
+        let Some(mut conn) = s.conn.lock().await.take() else {
+            return Err(not_held());
+        };
+        let released = Self::let_go(&mut conn, &lock_name(&s.key, s.slot)).await;
+        match released {
+            Ok(true) => {
+                self.put_back(conn);
+                Ok(Released::new(0))
+            }
+            Ok(false) => Err(not_held()),
+            Err(e) if session_gone(&e) => Err(not_held()),
+            // Dropping the connection ends the session, and the lock with it.
+            Err(e) => Err(self.err(e)),
+        }
+    }
+}
+
+/// Ids of the sessions holding `key` (slot 0) and its permits `1..=permits`,
+/// in one query.
+async fn users<'c, E>(conn: E, key: &Key, permits: u32) -> sqlx::Result<Vec<(u32, i64)>>
+where
+    E: sqlx::Executor<'c, Database = sqlx::MySql>,
+{
+    let rows: Vec<(i64, i64)> = sqlx::query_as(
+        "WITH RECURSIVE s(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM s WHERE i < ?)
+         SELECT i, id FROM (
+             SELECT i, IS_USED_LOCK(IF(CHAR_LENGTH(n) <= 64, n, SHA2(n, 256))) AS id
+             FROM (SELECT i, IF(i = 0, ?, CONCAT(?, '#', i)) AS n FROM s) names
+         ) used WHERE id IS NOT NULL",
+    )
+    .bind(i64::from(permits))
+    .bind(key.as_str())
+    .bind(key.as_str())
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().map(|(i, id)| (i as u32, id)).collect())
+}
+
+/// The most permits a semaphore may have in get_lock mode (each is a lock name
+/// that exclusive takers check).
+const MAX_PERMITS: u32 = 64;
+
+/// Kills every session holding `key` or one of its first permits (an operator
+/// breaking the lock; the holders' next renewal reports it lost).
+pub(crate) async fn force_release(db: &Db, key: &Key) -> Result<()> {
+    for (_, id) in users(&db.pool, key, MAX_PERMITS).await.map_err(db.err())? {
+        // The session may have ended meanwhile (unknown thread id): fine.
+        let _ = sqlx::query(sqlx::AssertSqlSafe(format!("KILL {id}")))
+            .execute(&db.pool)
+            .await;
+    }
+    Ok(())
+}
+
+/// The exclusive holder as `fencelock_fences` recorded it at grant (checked
+/// against the session that holds the lock now), and permit holders by their
+/// connection ids.
+pub(crate) async fn inspect(db: &Db, key: &Key) -> Result<Option<LockInfo>> {
+    let row = sqlx::query("SELECT fence, holder, conn_id FROM fencelock_fences WHERE lock_key = ?")
+        .bind(key.as_str().as_bytes())
+        .fetch_optional(&db.pool)
+        .await
+        .map_err(db.err())?;
+    let Some(row) = row else { return Ok(None) };
+    let fence: i64 = row.try_get("fence").map_err(db.err())?;
+    let holder: Vec<u8> = row.try_get("holder").map_err(db.err())?;
+    let conn_id: i64 = row.try_get("conn_id").map_err(db.err())?;
+    let used = users(&db.pool, key, MAX_PERMITS).await.map_err(db.err())?;
+    let permits = used.iter().filter(|(slot, _)| *slot > 0).count() as u32;
+    let mut holders = Vec::new();
+    for (slot, id) in used {
+        let (owner, token) = if id == conn_id {
+            (
+                String::from_utf8_lossy(&holder).into_owned(),
+                Some(FencingToken::new(fence as u64)),
+            )
+        } else {
+            (format!("connection {id}"), None)
+        };
+        let mode = if slot == 0 {
+            Mode::Exclusive
+        } else {
+            Mode::Semaphore { permits }
+        };
+        holders.push(HolderInfo::new(owner, mode, 1, token, None));
+    }
+    Ok(Some(LockInfo::new(
+        key.as_str(),
+        holders,
+        Some(FencingToken::new(fence as u64)),
+    )))
+}
+
+/// Keys under `prefix` ever locked in this mode; [`inspect`] tells which are held.
+pub(crate) async fn known_keys(db: &Db, prefix: &str) -> Result<Vec<String>> {
+    let keys: Vec<Vec<u8>> = sqlx::query_scalar(
+        "SELECT lock_key FROM fencelock_fences WHERE LEFT(lock_key, ?) = ? ORDER BY lock_key",
+    )
+    .bind(prefix.len() as i64)
+    .bind(prefix.as_bytes())
+    .fetch_all(&db.pool)
+    .await
+    .map_err(db.err())?;
+    Ok(keys
+        .into_iter()
+        .map(|k| String::from_utf8_lossy(&k).into_owned())
+        .collect())
+}

@@ -1,0 +1,284 @@
+//! Lease mode: holders are rows of `fencelock_locks`, expiring by the server's
+//! clock (`NOW(6)`); the row whose owner is empty keeps the key's fence and is
+//! never deleted, so tokens keep rising.
+//!
+//! An acquire is one short transaction: upsert the fence row (which locks it,
+//! serializing every change of the key), read the holders, decide with the
+//! core's [`admit`] rule, write, commit. Release and renew are single
+//! statements plus, for the batched renew, one read in the same transaction.
+
+use std::time::Duration;
+
+use fencelock_core::{
+    Admission, Error, FencingToken, HolderInfo, Key, LeaseRef, LockInfo, Mode, Released, Renewal,
+    Request, Result, admit,
+};
+use sqlx::{MySqlConnection, Row};
+
+use crate::NAME;
+use crate::db::Db;
+
+pub(crate) const SCHEMA: &str = r"CREATE TABLE IF NOT EXISTS fencelock_locks (
+    lock_key   VARBINARY(256) NOT NULL,
+    owner      VARBINARY(256) NOT NULL,
+    mode       VARCHAR(40)    NOT NULL,
+    holds      INT            NOT NULL,
+    fence      BIGINT         NOT NULL,
+    expires_at DATETIME(6)    NOT NULL,
+    PRIMARY KEY (lock_key, owner)
+) ENGINE=InnoDB";
+
+fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// One holder row as read inside the acquire transaction.
+struct Row_ {
+    owner: String,
+    mode: Mode,
+    holds: u32,
+    fence: u64,
+    left_us: i64,
+}
+
+async fn holders(conn: &mut MySqlConnection, db: &Db, key: &Key) -> Result<(u64, Vec<Row_>)> {
+    let rows = sqlx::query(
+        "SELECT owner, mode, holds, fence, TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at) AS left_us
+         FROM fencelock_locks WHERE lock_key = ? FOR UPDATE",
+    )
+    .bind(key.as_str().as_bytes())
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(db.err())?;
+    let mut fence = 0;
+    let mut out = Vec::new();
+    for r in rows {
+        let owner: Vec<u8> = r.try_get("owner").map_err(db.err())?;
+        let f: i64 = r.try_get("fence").map_err(db.err())?;
+        if owner.is_empty() {
+            fence = f as u64;
+            continue;
+        }
+        let mode: String = r.try_get("mode").map_err(db.err())?;
+        out.push(Row_ {
+            owner: String::from_utf8_lossy(&owner).into_owned(),
+            mode: Mode::parse(&mode).map_err(|e| Error::backend(NAME, e))?,
+            holds: r.try_get::<i32, _>("holds").map_err(db.err())? as u32,
+            fence: f as u64,
+            left_us: r.try_get("left_us").map_err(db.err())?,
+        });
+    }
+    Ok((fence, out))
+}
+
+/// One acquire attempt: `Ok(token, holds)` or `Err(time until the first holder expires)`.
+pub(crate) async fn attempt(
+    db: &Db,
+    req: &Request,
+) -> Result<std::result::Result<(u64, u32), Duration>> {
+    let mut tx = db.pool.begin().await.map_err(db.err())?;
+    let key = req.key.as_str().as_bytes();
+    // Creates the fence row if needed, and locks it either way.
+    sqlx::query(
+        "INSERT INTO fencelock_locks (lock_key, owner, mode, holds, fence, expires_at)
+         VALUES (?, '', '', 0, 0, '9999-12-31') ON DUPLICATE KEY UPDATE holds = holds",
+    )
+    .bind(key)
+    .execute(&mut *tx)
+    .await
+    .map_err(db.err())?;
+    let (fence, all) = holders(&mut tx, db, &req.key).await?;
+    let (live, expired): (Vec<Row_>, Vec<Row_>) = all.into_iter().partition(|r| r.left_us > 0);
+    if !expired.is_empty() {
+        sqlx::query("DELETE FROM fencelock_locks WHERE lock_key = ? AND owner <> '' AND expires_at <= NOW(6)")
+            .bind(key)
+            .execute(&mut *tx)
+            .await
+            .map_err(db.err())?;
+    }
+    let ttl_us = micros(req.ttl);
+    let outcome = match admit(
+        req.key.as_str(),
+        live.iter().map(|r| (r.owner.as_str(), r.mode)),
+        req.owner.as_str(),
+        req.mode,
+    )? {
+        Admission::Reenter { index } => {
+            let r = &live[index];
+            let holds = r.holds + u32::from(req.reentrant);
+            sqlx::query(
+                "UPDATE fencelock_locks SET holds = ?,
+                 expires_at = GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND)
+                 WHERE lock_key = ? AND owner = ?",
+            )
+            .bind(holds as i32)
+            .bind(ttl_us)
+            .bind(key)
+            .bind(req.owner.as_str().as_bytes())
+            .execute(&mut *tx)
+            .await
+            .map_err(db.err())?;
+            Ok((r.fence, holds))
+        }
+        Admission::Grant => {
+            let f = fence + 1;
+            sqlx::query("UPDATE fencelock_locks SET fence = ? WHERE lock_key = ? AND owner = ''")
+                .bind(f as i64)
+                .bind(key)
+                .execute(&mut *tx)
+                .await
+                .map_err(db.err())?;
+            sqlx::query(
+                "INSERT INTO fencelock_locks (lock_key, owner, mode, holds, fence, expires_at)
+                 VALUES (?, ?, ?, 1, ?, NOW(6) + INTERVAL ? MICROSECOND)",
+            )
+            .bind(key)
+            .bind(req.owner.as_str().as_bytes())
+            .bind(req.mode.as_label())
+            .bind(f as i64)
+            .bind(ttl_us)
+            .execute(&mut *tx)
+            .await
+            .map_err(db.err())?;
+            Ok((f, 1))
+        }
+        _ => {
+            let left = live.iter().map(|r| r.left_us).min().unwrap_or(0);
+            Err(Duration::from_micros(left.max(0) as u64))
+        }
+    };
+    tx.commit().await.map_err(db.err())?;
+    Ok(outcome)
+}
+
+pub(crate) async fn renew(db: &Db, leases: &[LeaseRef]) -> Result<Vec<Renewal>> {
+    let mut tx = db.pool.begin().await.map_err(db.err())?;
+    for l in leases {
+        sqlx::query(
+            "UPDATE fencelock_locks SET expires_at = NOW(6) + INTERVAL ? MICROSECOND
+             WHERE lock_key = ? AND owner = ? AND owner <> '' AND expires_at > NOW(6)",
+        )
+        .bind(micros(l.ttl))
+        .bind(l.key.as_str().as_bytes())
+        .bind(l.owner.as_str().as_bytes())
+        .execute(&mut *tx)
+        .await
+        .map_err(db.err())?;
+    }
+    let mut out = Vec::with_capacity(leases.len());
+    for l in leases {
+        // Renewed rows now expire a TTL from now; expired ones were left alone.
+        let held: Option<i64> = sqlx::query_scalar(
+            "SELECT 1 FROM fencelock_locks WHERE lock_key = ? AND owner = ? AND owner <> '' AND expires_at > NOW(6)",
+        )
+        .bind(l.key.as_str().as_bytes())
+        .bind(l.owner.as_str().as_bytes())
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db.err())?;
+        out.push(match held {
+            Some(_) => Renewal::Held { ttl: l.ttl },
+            None => Renewal::Lost {
+                reason: "no unexpired row for this owner in fencelock_locks".into(),
+            },
+        });
+    }
+    tx.commit().await.map_err(db.err())?;
+    Ok(out)
+}
+
+pub(crate) async fn release(db: &Db, lease: &LeaseRef) -> Result<Released> {
+    let (key, owner) = (
+        lease.key.as_str().as_bytes(),
+        lease.owner.as_str().as_bytes(),
+    );
+    let gone = sqlx::query(
+        "DELETE FROM fencelock_locks
+         WHERE lock_key = ? AND owner = ? AND owner <> '' AND holds <= 1 AND expires_at > NOW(6)",
+    )
+    .bind(key)
+    .bind(owner)
+    .execute(&db.pool)
+    .await
+    .map_err(db.err())?;
+    if gone.rows_affected() == 1 {
+        return Ok(Released::new(0));
+    }
+    // A reentrant hold: one fewer; LAST_INSERT_ID(expr) hands back the count left.
+    let fewer = sqlx::query(
+        "UPDATE fencelock_locks SET holds = LAST_INSERT_ID(holds - 1)
+         WHERE lock_key = ? AND owner = ? AND owner <> '' AND holds > 1 AND expires_at > NOW(6)",
+    )
+    .bind(key)
+    .bind(owner)
+    .execute(&db.pool)
+    .await
+    .map_err(db.err())?;
+    if fewer.rows_affected() == 1 {
+        return Ok(Released::new(fewer.last_insert_id() as u32));
+    }
+    Err(Error::NotHeld {
+        key: lease.key.to_string(),
+        owner: lease.owner.to_string(),
+    })
+}
+
+pub(crate) async fn force_release(db: &Db, key: &Key) -> Result<()> {
+    sqlx::query("DELETE FROM fencelock_locks WHERE lock_key = ? AND owner <> ''")
+        .bind(key.as_str().as_bytes())
+        .execute(&db.pool)
+        .await
+        .map_err(db.err())?;
+    Ok(())
+}
+
+pub(crate) async fn inspect(db: &Db, key: &Key) -> Result<Option<LockInfo>> {
+    let rows = sqlx::query(
+        "SELECT owner, mode, holds, fence, TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at) AS left_us
+         FROM fencelock_locks WHERE lock_key = ? AND (owner = '' OR expires_at > NOW(6)) ORDER BY fence",
+    )
+    .bind(key.as_str().as_bytes())
+    .fetch_all(&db.pool)
+    .await
+    .map_err(db.err())?;
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    let mut last = None;
+    let mut list = Vec::new();
+    for r in rows {
+        let owner: Vec<u8> = r.try_get("owner").map_err(db.err())?;
+        let fence: i64 = r.try_get("fence").map_err(db.err())?;
+        if owner.is_empty() {
+            last = (fence > 0).then(|| FencingToken::new(fence as u64));
+            continue;
+        }
+        let mode: String = r.try_get("mode").map_err(db.err())?;
+        let holds: i32 = r.try_get("holds").map_err(db.err())?;
+        let left: i64 = r.try_get("left_us").map_err(db.err())?;
+        list.push(HolderInfo::new(
+            String::from_utf8_lossy(&owner).into_owned(),
+            Mode::parse(&mode).map_err(|e| Error::backend(NAME, e))?,
+            holds as u32,
+            Some(FencingToken::new(fence as u64)),
+            Some(Duration::from_micros(left.max(0) as u64)),
+        ));
+    }
+    Ok(Some(LockInfo::new(key.as_str(), list, last)))
+}
+
+pub(crate) async fn held_keys(db: &Db, prefix: &str) -> Result<Vec<String>> {
+    let keys: Vec<Vec<u8>> = sqlx::query_scalar(
+        "SELECT DISTINCT lock_key FROM fencelock_locks
+         WHERE owner <> '' AND expires_at > NOW(6) AND LEFT(lock_key, ?) = ? ORDER BY lock_key",
+    )
+    .bind(prefix.len() as i64)
+    .bind(prefix.as_bytes())
+    .fetch_all(&db.pool)
+    .await
+    .map_err(db.err())?;
+    Ok(keys
+        .into_iter()
+        .map(|k| String::from_utf8_lossy(&k).into_owned())
+        .collect())
+}

@@ -1,0 +1,286 @@
+//! MySQL/MariaDB backend of fencelock, in two modes.
+//!
+//! # Modes
+//!
+//! - **lease** (`mysql://…`, `?mode=lease`, the default): each holder is a row
+//!   of `fencelock_locks` whose `expires_at` follows the server's clock
+//!   (`NOW(6)`); a per-key fence row survives release, so tokens keep rising.
+//!   An acquire is one short transaction serialized by the key's fence row;
+//!   release is one statement; the watchdog renews every lease of a tick in one
+//!   transaction. All modes; reentrancy. Waiters poll with jittered backoff,
+//!   woken at once by releases in the same process and never later than the
+//!   holder's expiry.
+//! - **get_lock** (`?mode=get_lock`): `GET_LOCK` on a session held for the
+//!   guard's life; waiters wait in the server with `GET_LOCK`'s timeout. The
+//!   session ending (server restart, `KILL`, network loss) fires `lost()`; the
+//!   session's `wait_timeout` is the TTL (whole seconds), so a paused holder
+//!   loses the lock too. Exclusive and semaphore modes (no shared form). Keys
+//!   of at most 64 characters are the lock names themselves, so other programs'
+//!   `GET_LOCK('key')` and fencelock exclude each other.
+//!
+//! The schema is created on first use (idempotently). `mariadb://` is accepted
+//! as a synonym of `mysql://`.
+//!
+//! # Examples
+//!
+//! ```
+//! use fencelock_core::Locker;
+//! use fencelock_mysql::MySqlBackend;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> fencelock_core::Result<()> {
+//! let locker = Locker::new(MySqlBackend::connect("mysql://root@127.0.0.1:3306/test").await?);
+//! let guard = locker.lock("doc-example/nightly-report").acquire().await?;
+//! assert!(guard.token().is_some());
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs)]
+
+mod db;
+mod get_lock;
+mod lease;
+mod options;
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fencelock_core::{
+    Backend, Backoff, Capabilities, Error, FencingToken, Grant, Key, LeaseRef, LockInfo, Mode,
+    Released, Renewal, Request, Result, async_trait,
+};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+pub use options::{MyMode, MyOptions};
+
+use crate::db::Db;
+use crate::get_lock::GetLock;
+
+const NAME: &str = "mysql";
+
+/// Locks in MySQL or MariaDB (`mysql://user:password@host:port/db[?mode=lease|get_lock]`).
+/// Clones share the pool and the held sessions.
+#[derive(Clone)]
+pub struct MySqlBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    db: Db,
+    options: MyOptions,
+    get_lock: GetLock,
+    /// Wakes this process's lease-mode waiters when a hold is released here.
+    released: Notify,
+}
+
+impl MySqlBackend {
+    /// Connects to the database a `mysql://` URL names and creates the schema
+    /// if needed.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] for a bad URL or option; [`Error::Connection`] if
+    /// the server cannot be reached or refuses the login.
+    pub async fn connect(url: &str) -> Result<MySqlBackend> {
+        let (driver_url, options) = options::parse_url(url)?;
+        let connect = MySqlConnectOptions::from_str(&driver_url)
+            .map_err(|e| Error::config(format!("mysql URL: {e}")))?;
+        let pool = MySqlPoolOptions::new()
+            .max_connections(options.pool)
+            .acquire_timeout(Duration::from_secs(10))
+            // A broken connection shows as an error of the statement itself; a
+            // ping before each would double the round trips.
+            .test_before_acquire(false)
+            .connect_with(connect.clone())
+            .await
+            .map_err(|e| db::map_err(&fencelock_core::redact_url(url), e))?;
+        let db = Db::new(pool, url);
+        for stmt in [lease::SCHEMA, get_lock::SCHEMA] {
+            sqlx::query(stmt)
+                .execute(&db.pool)
+                .await
+                .map_err(db.err())?;
+        }
+        let get_lock = GetLock::new(connect, db.addr.clone(), options.pool as usize);
+        Ok(MySqlBackend {
+            inner: Arc::new(Inner {
+                db,
+                options,
+                get_lock,
+                released: Notify::new(),
+            }),
+        })
+    }
+
+    /// The options in force.
+    pub fn options(&self) -> &MyOptions {
+        &self.inner.options
+    }
+
+    /// The connection pool, for your own queries (fenced writes to resources in
+    /// the same database, for example).
+    pub fn pool(&self) -> &sqlx::MySqlPool {
+        &self.inner.db.pool
+    }
+
+    /// Removes every holder of `key` at once (an operator breaking a lock; the
+    /// testkit's "stolen lease"): lease rows are deleted, `GET_LOCK` sessions
+    /// killed. The fence stays.
+    ///
+    /// # Errors
+    ///
+    /// Database errors.
+    pub async fn force_release(&self, key: &Key) -> Result<()> {
+        match self.inner.options.mode {
+            MyMode::Lease => lease::force_release(&self.inner.db, key).await?,
+            MyMode::GetLock => get_lock::force_release(&self.inner.db, key).await?,
+        }
+        self.inner.released.notify_waiters();
+        Ok(())
+    }
+
+    async fn acquire_lease(
+        &self,
+        req: &Request,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Grant>> {
+        let mut backoff = Backoff::new(Duration::from_millis(2), Duration::from_millis(100));
+        loop {
+            let released = self.inner.released.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
+            let requested_at = Instant::now();
+            let hint = match lease::attempt(&self.inner.db, req).await? {
+                Ok((token, holds)) => {
+                    return Ok(Some(lease_grant(req, token, holds, requested_at)));
+                }
+                Err(left) => left,
+            };
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(None);
+            }
+            tokio::select! {
+                _ = &mut released => backoff.reset(),
+                _ = backoff.sleep(deadline, Some(hint + Duration::from_millis(1))) => {}
+            }
+        }
+    }
+}
+
+fn lease_grant(req: &Request, token: u64, holds: u32, requested_at: Instant) -> Grant {
+    Grant::new(Some(FencingToken::new(token)), req.ttl, holds, requested_at)
+}
+
+#[async_trait]
+impl Backend for MySqlBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let lease = self.inner.options.mode == MyMode::Lease;
+        Capabilities::NONE
+            .with_fencing(true)
+            .with_shared(lease)
+            .with_semaphore(true)
+            .with_reentrant(true)
+            .with_native_wait(!lease)
+            .with_ttl(true)
+            .with_inspect(true)
+            .with_cross_process(true)
+    }
+
+    fn address(&self) -> String {
+        self.inner.db.addr.clone()
+    }
+
+    fn default_ttl(&self) -> Option<Duration> {
+        self.inner.options.default_ttl
+    }
+
+    async fn try_acquire(&self, req: &Request) -> Result<Option<Grant>> {
+        match self.inner.options.mode {
+            MyMode::Lease => {
+                let requested_at = Instant::now();
+                Ok(lease::attempt(&self.inner.db, req)
+                    .await?
+                    .ok()
+                    .map(|(token, holds)| lease_grant(req, token, holds, requested_at)))
+            }
+            MyMode::GetLock => self.inner.get_lock.acquire(req, None).await,
+        }
+    }
+
+    async fn acquire(&self, req: &Request, deadline: Option<Instant>) -> Result<Option<Grant>> {
+        match (self.inner.options.mode, req.mode) {
+            (MyMode::Lease, _) => self.acquire_lease(req, deadline).await,
+            (MyMode::GetLock, Mode::Semaphore { .. }) => {
+                let mut backoff =
+                    Backoff::new(Duration::from_millis(2), Duration::from_millis(200));
+                loop {
+                    if let Some(grant) = self.inner.get_lock.acquire(req, None).await? {
+                        return Ok(Some(grant));
+                    }
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Ok(None);
+                    }
+                    backoff.sleep(deadline, None).await;
+                }
+            }
+            (MyMode::GetLock, _) => self.inner.get_lock.acquire(req, Some(deadline)).await,
+        }
+    }
+
+    async fn renew(&self, leases: &[LeaseRef]) -> Result<Vec<Renewal>> {
+        match self.inner.options.mode {
+            MyMode::Lease => lease::renew(&self.inner.db, leases).await,
+            MyMode::GetLock => Ok(self.inner.get_lock.renew(leases).await),
+        }
+    }
+
+    async fn release(&self, lease: &LeaseRef) -> Result<Released> {
+        let released = match self.inner.options.mode {
+            MyMode::Lease => lease::release(&self.inner.db, lease).await?,
+            MyMode::GetLock => self.inner.get_lock.release(lease).await?,
+        };
+        if released.remaining == 0 {
+            self.inner.released.notify_waiters();
+        }
+        Ok(released)
+    }
+
+    async fn inspect(&self, key: &Key) -> Result<Option<LockInfo>> {
+        match self.inner.options.mode {
+            MyMode::Lease => lease::inspect(&self.inner.db, key).await,
+            MyMode::GetLock => get_lock::inspect(&self.inner.db, key).await,
+        }
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
+        let keys = match self.inner.options.mode {
+            MyMode::Lease => lease::held_keys(&self.inner.db, prefix).await?,
+            MyMode::GetLock => get_lock::known_keys(&self.inner.db, prefix).await?,
+        };
+        let mut out = Vec::with_capacity(keys.len());
+        for k in keys {
+            let key = Key::new(k).map_err(|e| Error::backend(NAME, e))?;
+            if let Some(info) = self.inspect(&key).await?
+                && !info.holders.is_empty()
+            {
+                out.push(info);
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl std::fmt::Debug for MySqlBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MySqlBackend")
+            .field("addr", &self.inner.db.addr)
+            .field("mode", &self.inner.options.mode)
+            .finish()
+    }
+}
