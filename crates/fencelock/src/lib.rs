@@ -13,6 +13,7 @@
 //! | `redlock://h1:p1,h2:p2,h3:p3,…` | Redlock over N independent Redis masters | `redis` |
 //! | `zk://h1:p1,h2:p2/chroot` | ZooKeeper (Curator-compatible recipes) | `zookeeper` |
 //! | `postgres://user:pw@host/db[?mode=lease\|advisory]` | PostgreSQL lease table or advisory locks | `postgres` |
+//! | `mysql://user:pw@host/db[?mode=lease\|get_lock]` (`mariadb://`) | MySQL/MariaDB lease table or `GET_LOCK` | `mysql` |
 //!
 //! # Example
 //!
@@ -45,6 +46,8 @@ pub use fencelock_core::*;
 pub mod backends {
     /// The in-memory backend (always present).
     pub use fencelock_core::MemoryBackend;
+    #[cfg(feature = "mysql")]
+    pub use fencelock_mysql as mysql;
     #[cfg(feature = "postgres")]
     pub use fencelock_postgres as postgres;
     #[cfg(feature = "redis")]
@@ -89,6 +92,9 @@ pub fn compiled_backends() -> Vec<&'static str> {
     }
     if cfg!(feature = "postgres") {
         v.push("postgres");
+    }
+    if cfg!(feature = "mysql") {
+        v.push("mysql");
     }
     v
 }
@@ -136,6 +142,8 @@ pub async fn connect_backend(url: &str) -> Result<Arc<dyn Backend>> {
         "postgres" | "postgresql" => Ok(Arc::new(
             fencelock_postgres::PostgresBackend::connect(url).await?,
         )),
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => Ok(Arc::new(fencelock_mysql::MySqlBackend::connect(url).await?)),
         #[cfg(feature = "sqlite")]
         "sqlite" => Ok(Arc::new(
             fencelock_sqlite::SqliteBackend::connect(url).await?,
