@@ -30,11 +30,15 @@ use tokio::time::Instant;
 
 use crate::db::{Db, map_err, session_gone};
 
+/// One row per key: its last token, the holder and connection of the last
+/// grant (for inspection), and the most permits a semaphore on it ever had
+/// (0: exclusive takers need not check permits).
 pub(crate) const SCHEMA: &str = r"CREATE TABLE IF NOT EXISTS fencelock_fences (
     lock_key VARBINARY(256) NOT NULL PRIMARY KEY,
     fence    BIGINT         NOT NULL,
     holder   VARBINARY(256) NOT NULL,
-    conn_id  BIGINT         NOT NULL
+    conn_id  BIGINT         NOT NULL,
+    permits  INT            NOT NULL
 ) ENGINE=InnoDB";
 
 /// The server-side expression of a lock name (binds: the name three times).
@@ -67,7 +71,8 @@ struct Session {
 pub(crate) struct GetLock {
     options: MySqlConnectOptions,
     addr: String,
-    idle: Mutex<Vec<MySqlConnection>>,
+    /// Idle sessions and the `wait_timeout` (seconds) each has.
+    idle: Mutex<Vec<(MySqlConnection, i64)>>,
     max_idle: usize,
     held: Mutex<HashMap<String, Arc<Session>>>,
     next_id: AtomicU64,
@@ -89,38 +94,33 @@ impl GetLock {
         map_err(&self.addr, e)
     }
 
-    /// A session with `wait_timeout` = `ttl`: a reused idle one if it still
-    /// answers, else a new one.
-    async fn session(&self, ttl: Duration) -> Result<MySqlConnection> {
-        let secs = ttl.as_millis().div_ceil(1000).clamp(1, 31_536_000) as i64;
-        loop {
-            let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
-            let (mut conn, reused) = match idle {
-                Some(c) => (c, true),
-                None => (
-                    MySqlConnection::connect_with(&self.options)
-                        .await
-                        .map_err(|e| self.err(e))?,
-                    false,
-                ),
-            };
-            match sqlx::query("SET SESSION wait_timeout = ?")
-                .bind(secs)
-                .execute(&mut conn)
-                .await
-            {
-                Ok(_) => return Ok(conn),
-                // An idle session the server closed meanwhile: take another.
-                Err(e) if reused && session_gone(&e) => continue,
-                Err(e) => return Err(self.err(e)),
-            }
-        }
+    /// A session with `wait_timeout` = `ttl`, and whether it was reused (a
+    /// reused idle session may have been closed by the server meanwhile).
+    async fn session(&self, ttl: Duration) -> Result<(MySqlConnection, bool)> {
+        let secs = wait_secs(ttl);
+        let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let (mut conn, reused) = match idle {
+            Some((c, had)) if had == secs => return Ok((c, true)),
+            Some((c, _)) => (c, true),
+            None => (
+                MySqlConnection::connect_with(&self.options)
+                    .await
+                    .map_err(|e| self.err(e))?,
+                false,
+            ),
+        };
+        sqlx::query("SET SESSION wait_timeout = ?")
+            .bind(secs)
+            .execute(&mut conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok((conn, reused))
     }
 
-    fn put_back(&self, conn: MySqlConnection) {
+    fn put_back(&self, conn: MySqlConnection, ttl: Duration) {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         if idle.len() < self.max_idle {
-            idle.push(conn);
+            idle.push((conn, wait_secs(ttl)));
         }
     }
 
@@ -196,19 +196,27 @@ impl GetLock {
             }
             self.forget(&handle);
         }
-        let mut conn = self.session(req.ttl).await?;
-        // On an error the connection is dropped: closing the session lets go of
-        // any lock it may have taken.
-        let slot = match req.mode {
-            Mode::Semaphore { permits } => self.take_permit(&mut conn, &req.key, permits).await?,
-            _ => self.take_exclusive(&mut conn, &req.key, wait).await?,
+        let (mut conn, slot) = loop {
+            let (mut conn, reused) = self.session(req.ttl).await?;
+            // On an error the connection is dropped: closing the session lets
+            // go of any lock it may have taken.
+            let taken = match req.mode {
+                Mode::Semaphore { permits } => self.take_permit(&mut conn, &req.key, permits).await,
+                _ => self.take_exclusive(&mut conn, &req.key, wait).await,
+            };
+            match taken {
+                Ok(slot) => break (conn, slot),
+                // An idle session the server closed meanwhile: take a new one.
+                Err(e) if reused && e.is_transient() => continue,
+                Err(e) => return Err(e),
+            }
         };
         let Some(slot) = slot else {
-            self.put_back(conn);
+            self.put_back(conn, req.ttl);
             return Ok(None);
         };
         let token = sqlx::query(
-            "INSERT INTO fencelock_fences (lock_key, fence, holder, conn_id) VALUES (?, LAST_INSERT_ID(1), ?, CONNECTION_ID())
+            "INSERT INTO fencelock_fences (lock_key, fence, holder, conn_id, permits) VALUES (?, LAST_INSERT_ID(1), ?, CONNECTION_ID(), 0)
              ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1), holder = VALUES(holder), conn_id = VALUES(conn_id)",
         )
         .bind(req.key.as_str().as_bytes())
@@ -251,6 +259,17 @@ impl GetLock {
                 "a semaphore of {permits} permits: get_lock mode allows at most {MAX_PERMITS}; use mode=lease"
             )));
         }
+        // Announced before any permit is taken: an exclusive taker that reads
+        // the count after this sees that it must check the permits.
+        sqlx::query(
+            "INSERT INTO fencelock_fences (lock_key, fence, holder, conn_id, permits) VALUES (?, 0, '', 0, ?)
+             ON DUPLICATE KEY UPDATE permits = GREATEST(permits, VALUES(permits))",
+        )
+        .bind(key.as_str().as_bytes())
+        .bind(permits as i32)
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| self.err(e))?;
         let first = fastrand::u32(0..permits);
         for i in 0..permits {
             let slot = (first + i) % permits + 1;
@@ -294,11 +313,26 @@ impl GetLock {
                     .saturating_duration_since(Instant::now())
                     .as_secs_f64(),
             };
-            if Self::get_lock(conn, key.as_str(), timeout)
-                .await
-                .map_err(|e| self.err(e))?
-            {
-                let used = users(&mut *conn, key, MAX_PERMITS)
+            // The permit count is read after the lock is taken (IF evaluates
+            // its condition first): -1 if not taken.
+            let permits: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                "SELECT IF(GET_LOCK({NAME_SQL}, ?) = 1,
+                    (SELECT COALESCE(MAX(permits), 0) FROM fencelock_fences WHERE lock_key = ?), -1)"
+            )))
+            .bind(key.as_str())
+            .bind(key.as_str())
+            .bind(key.as_str())
+            .bind(timeout)
+            .bind(key.as_str().as_bytes())
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| self.err(e))?;
+            let permits = permits.unwrap_or(-1);
+            if permits >= 0 {
+                if permits == 0 {
+                    return Ok(Some(0));
+                }
+                let used = users(&mut *conn, key, permits as u32)
                     .await
                     .map_err(|e| self.err(e))?;
                 if used.iter().all(|(slot, _)| *slot == 0) {
@@ -382,7 +416,7 @@ impl GetLock {
         let released = Self::let_go(&mut conn, &lock_name(&s.key, s.slot)).await;
         match released {
             Ok(true) => {
-                self.put_back(conn);
+                self.put_back(conn, s.ttl);
                 Ok(Released::new(0))
             }
             Ok(false) => Err(not_held()),
@@ -412,6 +446,11 @@ where
     .fetch_all(conn)
     .await?;
     Ok(rows.into_iter().map(|(i, id)| (i as u32, id)).collect())
+}
+
+/// `wait_timeout` for a TTL: whole seconds, rounded up.
+fn wait_secs(ttl: Duration) -> i64 {
+    ttl.as_millis().div_ceil(1000).clamp(1, 31_536_000) as i64
 }
 
 /// The most permits a semaphore may have in get_lock mode (each is a lock name
