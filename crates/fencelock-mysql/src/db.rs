@@ -77,6 +77,13 @@ pub(crate) fn map_err(addr: &str, e: sqlx::Error) -> Error {
     }
 }
 
+/// True for an error [`map_err`] made of a deadlock (1213) or a lock wait
+/// timeout (1205): the transaction was rolled back and may simply be retried.
+pub(crate) fn is_conflict(e: &Error) -> bool {
+    matches!(e, Error::Backend { message, .. }
+        if message.ends_with("(error 1213)") || message.ends_with("(error 1205)"))
+}
+
 /// True if the error says the session is gone (so nothing it held survives).
 pub(crate) fn session_gone(e: &sqlx::Error) -> bool {
     match e {

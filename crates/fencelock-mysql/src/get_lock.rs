@@ -8,9 +8,15 @@
 //!   rounded up — the server's unit), and the watchdog pings the session at
 //!   ttl/3, so a holder that stops (a paused process whose TCP connection stays
 //!   open) loses the lock when the server closes its idle session.
-//! - Fencing: at grant, `fencelock_fences` gets the key's next token with one
-//!   upsert (`LAST_INSERT_ID(fence + 1)`), which also records the holder and its
-//!   connection id for inspection.
+//! - Fencing: on MariaDB (10.3+) the token is drawn from the sequence
+//!   `fencelock_fence_seq` in the statement that records the holder: a sequence
+//!   persists the end of its cached block before handing values out, so after a
+//!   crash it resumes above every token it gave, and a grant needs no flush of
+//!   its own. On MySQL (no sequences) the key's row of `fencelock_fences` is
+//!   bumped durably (`LAST_INSERT_ID(fence + 1)`).
+//! - Holders (owner, connection id, token) and the permit marker live in the
+//!   MEMORY table `fencelock_getlock`: like the locks themselves they do not
+//!   survive a server restart, and writing them costs no flush.
 //! - Waiting: `GET_LOCK`'s own timeout (the server queues the waiters);
 //!   semaphore waiters poll the permits with backoff.
 //! - Shared (reader) locks are not supported: `GET_LOCK` has no shared form.
@@ -30,16 +36,51 @@ use tokio::time::Instant;
 
 use crate::db::{Db, map_err, session_gone};
 
-/// One row per key: its last token, the holder and connection of the last
-/// grant (for inspection), and the most permits a semaphore on it ever had
-/// (0: exclusive takers need not check permits).
-pub(crate) const SCHEMA: &str = r"CREATE TABLE IF NOT EXISTS fencelock_fences (
+/// Tokens on servers without sequences (MySQL): one durable row per key.
+const FENCES: &str = r"CREATE TABLE IF NOT EXISTS fencelock_fences (
+    lock_key VARBINARY(256) NOT NULL PRIMARY KEY,
+    fence    BIGINT         NOT NULL
+) ENGINE=InnoDB";
+
+/// Tokens on MariaDB.
+const SEQUENCE: &str = "CREATE SEQUENCE IF NOT EXISTS fencelock_fence_seq CACHE 1000";
+
+/// One row per key: the last grant's token, holder and connection, for
+/// inspection. (A MEMORY table locks whole tables: no statement that waits for
+/// a lock may read it.)
+const HOLDERS: &str = r"CREATE TABLE IF NOT EXISTS fencelock_getlock (
     lock_key VARBINARY(256) NOT NULL PRIMARY KEY,
     fence    BIGINT         NOT NULL,
     holder   VARBINARY(256) NOT NULL,
-    conn_id  BIGINT         NOT NULL,
+    conn_id  BIGINT         NOT NULL
+) ENGINE=MEMORY";
+
+/// The most permits a semaphore on a key ever had; exclusive takers of a key
+/// without a row need not check permits. Read without locking (InnoDB) in the
+/// statement that waits for the lock.
+const SEMAPHORES: &str = r"CREATE TABLE IF NOT EXISTS fencelock_semaphores (
+    lock_key VARBINARY(256) NOT NULL PRIMARY KEY,
     permits  INT            NOT NULL
 ) ENGINE=InnoDB";
+
+/// Creates the tables (and the sequence where the server has sequences);
+/// returns whether tokens come from the sequence.
+pub(crate) async fn create_schema(db: &Db) -> Result<bool> {
+    for stmt in [FENCES, HOLDERS, SEMAPHORES] {
+        sqlx::query(stmt)
+            .execute(&db.pool)
+            .await
+            .map_err(db.err())?;
+    }
+    let version: String = sqlx::query_scalar("SELECT VERSION()")
+        .fetch_one(&db.pool)
+        .await
+        .map_err(db.err())?;
+    if !version.contains("MariaDB") {
+        return Ok(false);
+    }
+    Ok(sqlx::query(SEQUENCE).execute(&db.pool).await.is_ok())
+}
 
 /// The server-side expression of a lock name (binds: the name three times).
 const NAME_SQL: &str = "IF(CHAR_LENGTH(?) <= 64, ?, SHA2(?, 256))";
@@ -76,10 +117,17 @@ pub(crate) struct GetLock {
     max_idle: usize,
     held: Mutex<HashMap<String, Arc<Session>>>,
     next_id: AtomicU64,
+    /// Tokens from `fencelock_fence_seq` (MariaDB), else from `fencelock_fences`.
+    sequence: bool,
 }
 
 impl GetLock {
-    pub(crate) fn new(options: MySqlConnectOptions, addr: String, max_idle: usize) -> GetLock {
+    pub(crate) fn new(
+        options: MySqlConnectOptions,
+        addr: String,
+        max_idle: usize,
+        sequence: bool,
+    ) -> GetLock {
         GetLock {
             options,
             addr,
@@ -87,6 +135,7 @@ impl GetLock {
             max_idle,
             held: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
+            sequence,
         }
     }
 
@@ -215,16 +264,7 @@ impl GetLock {
             self.put_back(conn, req.ttl);
             return Ok(None);
         };
-        let token = sqlx::query(
-            "INSERT INTO fencelock_fences (lock_key, fence, holder, conn_id, permits) VALUES (?, LAST_INSERT_ID(1), ?, CONNECTION_ID(), 0)
-             ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1), holder = VALUES(holder), conn_id = VALUES(conn_id)",
-        )
-        .bind(req.key.as_str().as_bytes())
-        .bind(req.owner.as_str().as_bytes())
-        .execute(&mut conn)
-        .await
-        .map_err(|e| self.err(e))?
-        .last_insert_id();
+        let token = self.grant_token(&mut conn, req).await?;
         let handle = format!(
             "mysql-get-lock-{}",
             self.next_id.fetch_add(1, Ordering::Relaxed)
@@ -247,6 +287,35 @@ impl GetLock {
         Ok(Some(grant.with_handle(handle)))
     }
 
+    /// Draws the token of a grant and records the holder.
+    async fn grant_token(&self, conn: &mut MySqlConnection, req: &Request) -> Result<u64> {
+        let key = req.key.as_str().as_bytes();
+        let fence = if self.sequence {
+            "LAST_INSERT_ID(NEXTVAL(fencelock_fence_seq))"
+        } else {
+            sqlx::query(
+                "INSERT INTO fencelock_fences (lock_key, fence) VALUES (?, LAST_INSERT_ID(1))
+                 ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1)",
+            )
+            .bind(key)
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| self.err(e))?;
+            "LAST_INSERT_ID()"
+        };
+        let done = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO fencelock_getlock (lock_key, fence, holder, conn_id)
+             VALUES (?, {fence}, ?, CONNECTION_ID())
+             ON DUPLICATE KEY UPDATE fence = VALUES(fence), holder = VALUES(holder), conn_id = VALUES(conn_id)"
+        )))
+        .bind(key)
+        .bind(req.owner.as_str().as_bytes())
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| self.err(e))?;
+        Ok(done.last_insert_id())
+    }
+
     /// Takes a free permit of `key`, unless an exclusive holder has the key.
     async fn take_permit(
         &self,
@@ -262,7 +331,7 @@ impl GetLock {
         // Announced before any permit is taken: an exclusive taker that reads
         // the count after this sees that it must check the permits.
         sqlx::query(
-            "INSERT INTO fencelock_fences (lock_key, fence, holder, conn_id, permits) VALUES (?, 0, '', 0, ?)
+            "INSERT INTO fencelock_semaphores (lock_key, permits) VALUES (?, ?)
              ON DUPLICATE KEY UPDATE permits = GREATEST(permits, VALUES(permits))",
         )
         .bind(key.as_str().as_bytes())
@@ -317,7 +386,7 @@ impl GetLock {
             // its condition first): -1 if not taken.
             let permits: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
                 "SELECT IF(GET_LOCK({NAME_SQL}, ?) = 1,
-                    (SELECT COALESCE(MAX(permits), 0) FROM fencelock_fences WHERE lock_key = ?), -1)"
+                    (SELECT COALESCE(MAX(permits), 0) FROM fencelock_semaphores WHERE lock_key = ?), -1)"
             )))
             .bind(key.as_str())
             .bind(key.as_str())
@@ -469,15 +538,16 @@ pub(crate) async fn force_release(db: &Db, key: &Key) -> Result<()> {
     Ok(())
 }
 
-/// The exclusive holder as `fencelock_fences` recorded it at grant (checked
+/// The exclusive holder as `fencelock_getlock` recorded it at grant (checked
 /// against the session that holds the lock now), and permit holders by their
 /// connection ids.
 pub(crate) async fn inspect(db: &Db, key: &Key) -> Result<Option<LockInfo>> {
-    let row = sqlx::query("SELECT fence, holder, conn_id FROM fencelock_fences WHERE lock_key = ?")
-        .bind(key.as_str().as_bytes())
-        .fetch_optional(&db.pool)
-        .await
-        .map_err(db.err())?;
+    let row =
+        sqlx::query("SELECT fence, holder, conn_id FROM fencelock_getlock WHERE lock_key = ?")
+            .bind(key.as_str().as_bytes())
+            .fetch_optional(&db.pool)
+            .await
+            .map_err(db.err())?;
     let Some(row) = row else { return Ok(None) };
     let fence: i64 = row.try_get("fence").map_err(db.err())?;
     let holder: Vec<u8> = row.try_get("holder").map_err(db.err())?;
@@ -511,7 +581,7 @@ pub(crate) async fn inspect(db: &Db, key: &Key) -> Result<Option<LockInfo>> {
 /// Keys under `prefix` ever locked in this mode; [`inspect`] tells which are held.
 pub(crate) async fn known_keys(db: &Db, prefix: &str) -> Result<Vec<String>> {
     let keys: Vec<Vec<u8>> = sqlx::query_scalar(
-        "SELECT lock_key FROM fencelock_fences WHERE LEFT(lock_key, ?) = ? ORDER BY lock_key",
+        "SELECT lock_key FROM fencelock_getlock WHERE LEFT(lock_key, ?) = ? ORDER BY lock_key",
     )
     .bind(prefix.len() as i64)
     .bind(prefix.as_bytes())

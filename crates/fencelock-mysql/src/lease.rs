@@ -16,7 +16,7 @@ use fencelock_core::{
 use sqlx::{MySqlConnection, Row};
 
 use crate::NAME;
-use crate::db::Db;
+use crate::db::{Db, is_conflict};
 
 pub(crate) const SCHEMA: &str = r"CREATE TABLE IF NOT EXISTS fencelock_locks (
     lock_key   VARBINARY(256) NOT NULL,
@@ -72,10 +72,23 @@ async fn holders(conn: &mut MySqlConnection, db: &Db, key: &Key) -> Result<(u64,
 }
 
 /// One acquire attempt: `Ok(token, holds)` or `Err(time until the first holder expires)`.
+///
+/// InnoDB may pick the transaction as a deadlock victim (first inserts of
+/// neighbouring keys touch the same index gap); it is then retried.
 pub(crate) async fn attempt(
     db: &Db,
     req: &Request,
 ) -> Result<std::result::Result<(u64, u32), Duration>> {
+    let mut tries = 0;
+    loop {
+        match attempt_once(db, req).await {
+            Err(e) if is_conflict(&e) && tries < 5 => tries += 1,
+            done => return done,
+        }
+    }
+}
+
+async fn attempt_once(db: &Db, req: &Request) -> Result<std::result::Result<(u64, u32), Duration>> {
     let mut tx = db.pool.begin().await.map_err(db.err())?;
     let key = req.key.as_str().as_bytes();
     // Creates the fence row if needed, and locks it either way.

@@ -93,17 +93,26 @@ impl MySqlBackend {
             // A broken connection shows as an error of the statement itself; a
             // ping before each would double the round trips.
             .test_before_acquire(false)
+            // Row locks only, no gap locks: acquires of different keys do not
+            // block each other.
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    sqlx::query("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                        .execute(conn)
+                        .await
+                        .map(|_| ())
+                })
+            })
             .connect_with(connect.clone())
             .await
             .map_err(|e| db::map_err(&fencelock_core::redact_url(url), e))?;
         let db = Db::new(pool, url);
-        for stmt in [lease::SCHEMA, get_lock::SCHEMA] {
-            sqlx::query(stmt)
-                .execute(&db.pool)
-                .await
-                .map_err(db.err())?;
-        }
-        let get_lock = GetLock::new(connect, db.addr.clone(), options.pool as usize);
+        sqlx::query(lease::SCHEMA)
+            .execute(&db.pool)
+            .await
+            .map_err(db.err())?;
+        let sequence = get_lock::create_schema(&db).await?;
+        let get_lock = GetLock::new(connect, db.addr.clone(), options.pool as usize, sequence);
         Ok(MySqlBackend {
             inner: Arc::new(Inner {
                 db,
