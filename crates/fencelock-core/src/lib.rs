@@ -45,6 +45,7 @@ mod locker;
 mod memory;
 mod mode;
 mod multi;
+mod session_holds;
 mod token;
 mod watchdog;
 
@@ -63,4 +64,5 @@ pub use locker::{DEFAULT_TTL, LockBuilder, Locker, MIN_TTL};
 pub use memory::MemoryBackend;
 pub use mode::Mode;
 pub use multi::{MultiGuard, MultiLockBuilder};
+pub use session_holds::{LastHold, SessionHolds};
 pub use token::FencingToken;

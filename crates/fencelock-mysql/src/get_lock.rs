@@ -21,14 +21,11 @@
 //!   semaphore waiters poll the permits with backoff.
 //! - Shared (reader) locks are not supported: `GET_LOCK` has no shared form.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fencelock_core::{
-    Backoff, Error, FencingToken, Grant, HolderInfo, Key, LeaseRef, LockInfo, Mode, Owner,
-    Released, Renewal, Request, Result,
+    Backoff, Error, FencingToken, Grant, HolderInfo, Key, LeaseRef, LockInfo, Mode, Released,
+    Renewal, Request, Result, SessionHolds,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use sqlx::{Connection, Row};
@@ -94,29 +91,12 @@ fn lock_name(key: &Key, slot: u32) -> String {
     }
 }
 
-/// One hold's session.
-struct Session {
-    key: Key,
-    owner: Owner,
-    mode: Mode,
-    token: u64,
-    /// The permit held (1…), 0 for an exclusive hold.
-    slot: u32,
-    ttl: Duration,
-    holds: Mutex<u32>,
-    /// `None` once the session is known to be gone.
-    conn: tokio::sync::Mutex<Option<MySqlConnection>>,
-}
-
-/// Sessions of this backend's holds, and idle sessions to reuse.
+/// This backend's holds, each on a session of its own, and idle sessions
+/// (tagged with their `wait_timeout` in seconds).
 pub(crate) struct GetLock {
     options: MySqlConnectOptions,
     addr: String,
-    /// Idle sessions and the `wait_timeout` (seconds) each has.
-    idle: Mutex<Vec<(MySqlConnection, i64)>>,
-    max_idle: usize,
-    held: Mutex<HashMap<String, Arc<Session>>>,
-    next_id: AtomicU64,
+    holds: SessionHolds<MySqlConnection>,
     /// Tokens from `fencelock_fence_seq` (MariaDB), else from `fencelock_fences`.
     sequence: bool,
 }
@@ -131,10 +111,7 @@ impl GetLock {
         GetLock {
             options,
             addr,
-            idle: Mutex::new(Vec::new()),
-            max_idle,
-            held: Mutex::new(HashMap::new()),
-            next_id: AtomicU64::new(1),
+            holds: SessionHolds::new("mysql-get-lock", max_idle),
             sequence,
         }
     }
@@ -147,8 +124,7 @@ impl GetLock {
     /// reused idle session may have been closed by the server meanwhile).
     async fn session(&self, ttl: Duration) -> Result<(MySqlConnection, bool)> {
         let secs = wait_secs(ttl);
-        let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        let (mut conn, reused) = match idle {
+        let (mut conn, reused) = match self.holds.take_idle() {
             Some((c, had)) if had == secs => return Ok((c, true)),
             Some((c, _)) => (c, true),
             None => (
@@ -164,34 +140,6 @@ impl GetLock {
             .await
             .map_err(|e| self.err(e))?;
         Ok((conn, reused))
-    }
-
-    fn put_back(&self, conn: MySqlConnection, ttl: Duration) {
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        if idle.len() < self.max_idle {
-            idle.push((conn, wait_secs(ttl)));
-        }
-    }
-
-    fn find(&self, key: &Key, owner: &Owner) -> Option<(String, Arc<Session>)> {
-        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        held.iter()
-            .find(|(_, s)| &s.key == key && &s.owner == owner)
-            .map(|(h, s)| (h.clone(), s.clone()))
-    }
-
-    fn lookup(&self, lease: &LeaseRef) -> Option<Arc<Session>> {
-        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        held.get(&lease.handle)
-            .filter(|s| s.key == lease.key && s.owner == lease.owner)
-            .cloned()
-    }
-
-    fn forget(&self, handle: &str) {
-        self.held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(handle);
     }
 
     /// `GET_LOCK` of `name` with `timeout` seconds (0: try once). MariaDB takes a
@@ -223,27 +171,8 @@ impl GetLock {
                 "shared (reader) locks in get_lock mode; use mode=lease",
             ));
         }
-        if let Some((handle, s)) = self.find(&req.key, &req.owner) {
-            if s.conn.lock().await.is_some() {
-                if s.mode != req.mode {
-                    return Err(Error::config(format!(
-                        "owner {:?} already holds {:?} as {}; a reentrant acquire must ask for the same mode (asked {})",
-                        req.owner.as_str(),
-                        req.key.as_str(),
-                        s.mode,
-                        req.mode
-                    )));
-                }
-                let holds = {
-                    let mut h = s.holds.lock().unwrap_or_else(|p| p.into_inner());
-                    *h += u32::from(req.reentrant);
-                    *h
-                };
-                let grant =
-                    Grant::new(Some(FencingToken::new(s.token)), s.ttl, holds, requested_at);
-                return Ok(Some(grant.with_handle(handle)));
-            }
-            self.forget(&handle);
+        if let Some(grant) = self.holds.reenter(req, requested_at).await? {
+            return Ok(Some(grant));
         }
         let (mut conn, slot) = loop {
             let (mut conn, reused) = self.session(req.ttl).await?;
@@ -261,30 +190,17 @@ impl GetLock {
             }
         };
         let Some(slot) = slot else {
-            self.put_back(conn, req.ttl);
+            self.holds.put_idle(conn, wait_secs(req.ttl));
             return Ok(None);
         };
         let token = self.grant_token(&mut conn, req).await?;
-        let handle = format!(
-            "mysql-get-lock-{}",
-            self.next_id.fetch_add(1, Ordering::Relaxed)
-        );
-        let session = Session {
-            key: req.key.clone(),
-            owner: req.owner.clone(),
-            mode: req.mode,
+        Ok(Some(self.holds.insert(
+            req,
             token,
             slot,
-            ttl: req.ttl,
-            holds: Mutex::new(1),
-            conn: tokio::sync::Mutex::new(Some(conn)),
-        };
-        self.held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(handle.clone(), Arc::new(session));
-        let grant = Grant::new(Some(FencingToken::new(token)), req.ttl, 1, requested_at);
-        Ok(Some(grant.with_handle(handle)))
+            conn,
+            requested_at,
+        )))
     }
 
     /// Draws the token of a grant and records the holder.
@@ -439,30 +355,15 @@ impl GetLock {
 
     /// Pings each lease's session (which also restarts its idle timeout).
     pub(crate) async fn renew(&self, leases: &[LeaseRef]) -> Vec<Renewal> {
-        futures::future::join_all(leases.iter().map(|l| self.ping(l))).await
-    }
-
-    async fn ping(&self, lease: &LeaseRef) -> Renewal {
-        let Some(s) = self.lookup(lease) else {
-            return Renewal::Lost {
-                reason: "this client holds no session for it".into(),
-            };
-        };
-        let mut conn = s.conn.lock().await;
-        let Some(c) = conn.as_mut() else {
-            return Renewal::Lost {
-                reason: "its database session ended".into(),
-            };
-        };
-        let ping = tokio::time::timeout(lease.ttl, sqlx::query("SELECT 1").execute(&mut *c)).await;
-        let reason = match ping {
-            Ok(Ok(_)) => return Renewal::Held { ttl: lease.ttl },
-            Ok(Err(e)) => format!("its database session ended: {e}"),
-            Err(_) => format!("its database session did not answer within {:?}", lease.ttl),
-        };
-        *conn = None;
-        self.forget(&lease.handle);
-        Renewal::Lost { reason }
+        self.holds
+            .ping(leases, async |c: &mut MySqlConnection| {
+                sqlx::query("SELECT 1")
+                    .execute(c)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            })
+            .await
     }
 
     pub(crate) async fn release(&self, lease: &LeaseRef) -> Result<Released> {
@@ -470,22 +371,16 @@ impl GetLock {
             key: lease.key.to_string(),
             owner: lease.owner.to_string(),
         };
-        let s = self.lookup(lease).ok_or_else(not_held)?;
-        {
-            let mut holds = s.holds.lock().unwrap_or_else(|p| p.into_inner());
-            if *holds > 1 {
-                *holds -= 1;
-                return Ok(Released::new(*holds));
-            }
+        let last = self.holds.release(lease).await?;
+        if last.remaining > 0 {
+            return Ok(Released::new(last.remaining));
         }
-        self.forget(&lease.handle);
-        let Some(mut conn) = s.conn.lock().await.take() else {
+        let Some(mut conn) = last.session else {
             return Err(not_held());
         };
-        let released = Self::let_go(&mut conn, &lock_name(&s.key, s.slot)).await;
-        match released {
+        match Self::let_go(&mut conn, &lock_name(&last.key, last.slot)).await {
             Ok(true) => {
-                self.put_back(conn, s.ttl);
+                self.holds.put_idle(conn, wait_secs(last.ttl));
                 Ok(Released::new(0))
             }
             Ok(false) => Err(not_held()),
@@ -518,8 +413,8 @@ where
 }
 
 /// `wait_timeout` for a TTL: whole seconds, rounded up.
-fn wait_secs(ttl: Duration) -> i64 {
-    ttl.as_millis().div_ceil(1000).clamp(1, 31_536_000) as i64
+fn wait_secs(ttl: Duration) -> u64 {
+    ttl.as_millis().div_ceil(1000).clamp(1, 31_536_000) as u64
 }
 
 /// The most permits a semaphore may have in get_lock mode (each is a lock name

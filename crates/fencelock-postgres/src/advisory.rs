@@ -23,14 +23,9 @@
 //!   taken with a shared hold of the key's lock, so writers exclude permit
 //!   holders.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
 use fencelock_core::{
-    Error, FencingToken, Grant, HolderInfo, Key, LeaseRef, LockInfo, Mode, Owner, Released,
-    Renewal, Request, Result,
+    Error, FencingToken, Grant, HolderInfo, Key, LeaseRef, LockInfo, Mode, Released, Renewal,
+    Request, Result, SessionHolds,
 };
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{Connection, Row};
@@ -139,28 +134,11 @@ const HOLDERS: &str = "
 /// Seeds checked for semaphore permits by inspection and `force_release`.
 const MAX_PERMIT_SEED: i32 = 1024;
 
-/// One hold's session.
-struct Session {
-    key: Key,
-    owner: Owner,
-    mode: Mode,
-    token: u64,
-    /// The semaphore permit held (1…), 0 for exclusive and shared holds.
-    slot: i32,
-    ttl: Duration,
-    holds: Mutex<u32>,
-    /// `None` once the session is known to be gone.
-    conn: tokio::sync::Mutex<Option<PgConnection>>,
-}
-
-/// Sessions of this backend's holds, and idle sessions to reuse.
+/// This backend's holds, each on a session of its own, and idle sessions.
 pub(crate) struct Advisory {
     options: PgConnectOptions,
     addr: String,
-    idle: Mutex<Vec<PgConnection>>,
-    max_idle: usize,
-    held: Mutex<HashMap<String, Arc<Session>>>,
-    next_id: AtomicU64,
+    holds: SessionHolds<PgConnection>,
 }
 
 impl Advisory {
@@ -168,10 +146,7 @@ impl Advisory {
         Advisory {
             options: options.options([("client_connection_check_interval", "1000")]),
             addr,
-            idle: Mutex::new(Vec::new()),
-            max_idle,
-            held: Mutex::new(HashMap::new()),
-            next_id: AtomicU64::new(1),
+            holds: SessionHolds::new("pg-advisory", max_idle),
         }
     }
 
@@ -180,42 +155,12 @@ impl Advisory {
     }
 
     async fn session(&self) -> Result<PgConnection> {
-        let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        match idle {
-            Some(c) => Ok(c),
+        match self.holds.take_idle() {
+            Some((c, _)) => Ok(c),
             None => PgConnection::connect_with(&self.options)
                 .await
                 .map_err(|e| self.err(e)),
         }
-    }
-
-    fn put_back(&self, conn: PgConnection) {
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        if idle.len() < self.max_idle {
-            idle.push(conn);
-        }
-    }
-
-    /// This backend's live hold of `key` by `owner`, if any.
-    fn find(&self, key: &Key, owner: &Owner) -> Option<(String, Arc<Session>)> {
-        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        held.iter()
-            .find(|(_, s)| &s.key == key && &s.owner == owner)
-            .map(|(h, s)| (h.clone(), s.clone()))
-    }
-
-    fn lookup(&self, lease: &LeaseRef) -> Option<Arc<Session>> {
-        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        held.get(&lease.handle)
-            .filter(|s| s.key == lease.key && s.owner == lease.owner)
-            .cloned()
-    }
-
-    fn forget(&self, handle: &str) {
-        self.held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(handle);
     }
 
     /// Acquires on a session of its own. `wait`: `None` tries once, `Some(None)`
@@ -226,27 +171,8 @@ impl Advisory {
         wait: Option<Option<Instant>>,
     ) -> Result<Option<Grant>> {
         let requested_at = Instant::now();
-        if let Some((handle, s)) = self.find(&req.key, &req.owner) {
-            if s.conn.lock().await.is_some() {
-                if s.mode != req.mode {
-                    return Err(Error::config(format!(
-                        "owner {:?} already holds {:?} as {}; a reentrant acquire must ask for the same mode (asked {})",
-                        req.owner.as_str(),
-                        req.key.as_str(),
-                        s.mode,
-                        req.mode
-                    )));
-                }
-                let holds = {
-                    let mut h = s.holds.lock().unwrap_or_else(|p| p.into_inner());
-                    *h += u32::from(req.reentrant);
-                    *h
-                };
-                let grant =
-                    Grant::new(Some(FencingToken::new(s.token)), s.ttl, holds, requested_at);
-                return Ok(Some(grant.with_handle(handle)));
-            }
-            self.forget(&handle);
+        if let Some(grant) = self.holds.reenter(req, requested_at).await? {
+            return Ok(Some(grant));
         }
         let mut conn = self.session().await?;
         let ttl_ms = req.ttl.as_millis().min(i32::MAX as u128) as i64;
@@ -295,71 +221,26 @@ impl Advisory {
         // On an error the connection is dropped: closing the session lets go of
         // anything it may have taken.
         let Some((token, slot)) = taken.map_err(|e| self.err(e))? else {
-            self.put_back(conn);
+            self.holds.put_idle(conn, 0);
             return Ok(None);
         };
-        let handle = format!(
-            "pg-advisory-{}",
-            self.next_id.fetch_add(1, Ordering::Relaxed)
-        );
-        let session = Session {
-            key: req.key.clone(),
-            owner: req.owner.clone(),
-            mode: req.mode,
-            token: token as u64,
-            slot,
-            ttl: req.ttl,
-            holds: Mutex::new(1),
-            conn: tokio::sync::Mutex::new(Some(conn)),
-        };
-        self.held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(handle.clone(), Arc::new(session));
-        let grant = Grant::new(
-            Some(FencingToken::new(token as u64)),
-            req.ttl,
-            1,
-            requested_at,
-        );
-        Ok(Some(grant.with_handle(handle)))
+        let grant = self
+            .holds
+            .insert(req, token as u64, slot as u32, conn, requested_at);
+        Ok(Some(grant))
     }
 
     /// Pings each lease's session (which also restarts its idle timeout).
     pub(crate) async fn renew(&self, leases: &[LeaseRef]) -> Vec<Renewal> {
-        futures::future::join_all(leases.iter().map(|l| self.ping(l))).await
-    }
-
-    async fn ping(&self, lease: &LeaseRef) -> Renewal {
-        let Some(s) = self.lookup(lease) else {
-            return Renewal::Lost {
-                reason: "this client holds no session for it".into(),
-            };
-        };
-        let mut conn = s.conn.lock().await;
-        let Some(c) = conn.as_mut() else {
-            return Renewal::Lost {
-                reason: "its database session ended".into(),
-            };
-        };
-        let ping = tokio::time::timeout(lease.ttl, sqlx::query("SELECT 1").execute(&mut *c)).await;
-        match ping {
-            Ok(Ok(_)) => Renewal::Held { ttl: lease.ttl },
-            Ok(Err(e)) => {
-                *conn = None;
-                self.forget(&lease.handle);
-                Renewal::Lost {
-                    reason: format!("its database session ended: {e}"),
-                }
-            }
-            Err(_) => {
-                *conn = None;
-                self.forget(&lease.handle);
-                Renewal::Lost {
-                    reason: format!("its database session did not answer within {:?}", lease.ttl),
-                }
-            }
-        }
+        self.holds
+            .ping(leases, async |c: &mut PgConnection| {
+                sqlx::query("SELECT 1")
+                    .execute(c)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            })
+            .await
     }
 
     pub(crate) async fn release(&self, lease: &LeaseRef) -> Result<Released> {
@@ -367,27 +248,22 @@ impl Advisory {
             key: lease.key.to_string(),
             owner: lease.owner.to_string(),
         };
-        let s = self.lookup(lease).ok_or_else(not_held)?;
-        {
-            let mut holds = s.holds.lock().unwrap_or_else(|p| p.into_inner());
-            if *holds > 1 {
-                *holds -= 1;
-                return Ok(Released::new(*holds));
-            }
+        let last = self.holds.release(lease).await?;
+        if last.remaining > 0 {
+            return Ok(Released::new(last.remaining));
         }
-        self.forget(&lease.handle);
-        let Some(mut conn) = s.conn.lock().await.take() else {
+        let Some(mut conn) = last.session else {
             return Err(not_held());
         };
         match sqlx::query_scalar::<_, bool>("SELECT fencelock_advisory_let_go($1, $2, $3)")
-            .bind(s.key.as_str())
-            .bind(s.mode == Mode::Shared)
-            .bind(s.slot)
+            .bind(last.key.as_str())
+            .bind(last.mode == Mode::Shared)
+            .bind(last.slot as i32)
             .fetch_one(&mut conn)
             .await
         {
             Ok(true) => {
-                self.put_back(conn);
+                self.holds.put_idle(conn, 0);
                 Ok(Released::new(0))
             }
             Ok(false) => Err(not_held()),

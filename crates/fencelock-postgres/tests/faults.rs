@@ -1,241 +1,56 @@
-//! PostgreSQL fault tests, in both modes: the server restarted under a hold,
-//! the holder process SIGKILLed and SIGSTOPped.
-//!
-//! What must happen: a restart ends advisory sessions, so an advisory holder's
-//! `lost()` fires, while a lease row outlives a restart shorter than its TTL; a
-//! killed holder's lock is free after the TTL (lease) or at once (advisory, the
-//! session dies with the process); a paused holder loses the lock after the TTL
-//! in every mode, learns it on resuming, and its stale write is fenced off.
+//! PostgreSQL fault tests, in both modes (the scenarios of
+//! `fencelock_testkit::faults`): a restart ends advisory sessions, so an
+//! advisory holder's `lost()` fires, while a lease row outlives a restart
+//! shorter than its TTL; a killed holder's lock is free after the TTL (lease)
+//! or at once (advisory: the session dies with the process); a paused holder
+//! loses the lock after the TTL in both modes, learns it on resuming, and its
+//! stale write is fenced off.
 
 mod support;
 
-use std::time::{Duration, Instant};
+use fencelock_testkit::faults;
+use support::{Pg, PrivatePostgres, SHARED};
 
-use fencelock_core::{Error, FencingToken, Locker};
-use fencelock_postgres::PostgresBackend;
-use fencelock_postgres::patterns::Fenced;
-use fencelock_testkit::{HolderProcess, Signal};
-use support::{PrivatePostgres, SHARED, unique};
+fn shared(mode: &str) -> String {
+    format!("{SHARED}?mode={mode}")
+}
 
-async fn locker(url: &str) -> Locker {
-    Locker::new(PostgresBackend::connect(url).await.unwrap())
+#[test]
+#[ignore = "holder process of the SIGKILL and SIGSTOP tests"]
+fn holder_worker() {
+    faults::holder_worker(Pg);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_restart_ends_advisory_holds() {
     let mut pg = PrivatePostgres::start();
     let url = pg.url("advisory");
-    let key = unique("restart-advisory");
-    let g = locker(&url)
-        .await
-        .lock(&key)
-        .ttl(Duration::from_secs(1))
-        .acquire()
-        .await
-        .unwrap();
-    let before = g.token().unwrap();
-    pg.restart();
-    let lost = tokio::time::timeout(Duration::from_secs(10), g.lost())
-        .await
-        .expect("lost() did not fire after the server restarted");
-    assert!(matches!(lost, Error::Lost { .. }), "{lost:?}");
-    assert!(!g.is_valid());
-    let g2 = locker(&url)
-        .await
-        .lock(&key)
-        .try_acquire()
-        .await
-        .unwrap()
-        .expect("free after the restart");
-    assert!(
-        g2.token().unwrap() > before,
-        "token {:?} after {before:?}",
-        g2.token()
-    );
-    g2.release().await.unwrap();
+    faults::restart_ends_session_holds(&Pg, &url, async || pg.restart()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_outlives_a_restart_shorter_than_its_ttl() {
     let mut pg = PrivatePostgres::start();
     let url = pg.url("lease");
-    let key = unique("restart-lease");
-    let g = locker(&url)
-        .await
-        .lock(&key)
-        .ttl(Duration::from_secs(6))
-        .acquire()
-        .await
-        .unwrap();
-    pg.restart();
-    // Two renewal periods after the restart the watchdog has renewed on new connections.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert!(g.is_valid(), "the lease was lost over a short restart");
-    let other = locker(&url).await;
-    assert!(
-        other.lock(&key).try_acquire().await.unwrap().is_none(),
-        "another client got a held lease"
-    );
-    g.release().await.unwrap();
-    let g2 = other
-        .lock(&key)
-        .try_acquire()
-        .await
-        .unwrap()
-        .expect("free after release");
-    g2.release().await.unwrap();
-}
-
-/// The holder process: holds the key of FENCELOCK_PG_HOLD_KEY on the URL of
-/// FENCELOCK_PG_HOLD_URL with a 2 s TTL, reports, and after losing the lock
-/// tries the write a paused holder would still make.
-#[test]
-#[ignore = "holder process of the SIGKILL and SIGSTOP tests"]
-fn holder_worker() {
-    let (Ok(url), Ok(key)) = (
-        std::env::var("FENCELOCK_PG_HOLD_URL"),
-        std::env::var("FENCELOCK_PG_HOLD_KEY"),
-    ) else {
-        return;
-    };
-    let ttl: u64 = std::env::var("FENCELOCK_PG_HOLD_TTL_MS")
-        .ok()
-        .and_then(|t| t.parse().ok())
-        .unwrap_or(2000);
-    tokio::runtime::Runtime::new()
-        .unwrap()
-        .block_on(async move {
-            let g = locker(&url)
-                .await
-                .lock(&key)
-                .ttl(Duration::from_millis(ttl))
-                .acquire()
-                .await
-                .unwrap();
-            let token = g.token().unwrap();
-            println!("acquired {}", token.get());
-            let lost = g.lost().await;
-            println!("lost {}", matches!(lost, Error::Lost { .. }));
-            let written = fenced_write(&key, token).await;
-            println!(
-                "stale-write {}",
-                if written { "accepted" } else { "rejected" }
-            );
-        });
-}
-
-/// The protected resource: a row in the shared test database, fenced by token.
-async fn fenced_write(key: &str, token: FencingToken) -> bool {
-    let pool = sqlx::PgPool::connect(SHARED).await.unwrap();
-    sqlx::query("CREATE TABLE IF NOT EXISTS t_fault_resource (id bigint PRIMARY KEY, body text NOT NULL, last_token bigint NOT NULL)")
-        .execute(&pool)
-        .await
-        .unwrap();
-    let id = key
-        .bytes()
-        .fold(0i64, |h, b| h.wrapping_mul(31).wrapping_add(i64::from(b)));
-    let f = Fenced::new("t_fault_resource", "id", "body", "last_token").unwrap();
-    f.write(&pool, id, key, token).await.unwrap()
-}
-
-fn hold(mode: &str, key: &str, ttl_ms: u64) -> (HolderProcess, u64) {
-    let url = format!("{SHARED}?mode={mode}");
-    let mut h = HolderProcess::spawn(
-        "holder_worker",
-        &[
-            ("FENCELOCK_PG_HOLD_URL", &url),
-            ("FENCELOCK_PG_HOLD_KEY", key),
-            ("FENCELOCK_PG_HOLD_TTL_MS", &ttl_ms.to_string()),
-        ],
-    )
-    .unwrap();
-    let token = h.expect("acquired ").unwrap().parse().unwrap();
-    (h, token)
+    faults::lease_outlives_a_short_restart(&Pg, &url, async || pg.restart()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_lease_holder_frees_the_lock_after_its_ttl() {
-    let key = unique("kill-lease");
-    let (h, token) = hold("lease", &key, 2000);
-    h.signal(Signal::SIGKILL).unwrap();
-    let start = Instant::now();
-    let g = locker(SHARED)
-        .await
-        .lock(&key)
-        .wait(Duration::from_secs(30))
-        .acquire()
-        .await
-        .unwrap();
-    assert!(
-        start.elapsed() >= Duration::from_secs(1),
-        "granted {:?} after the kill, before the TTL",
-        start.elapsed()
-    );
-    assert!(g.token().unwrap().get() > token);
-    g.release().await.unwrap();
+    faults::killed_holder_frees_after_its_ttl(&Pg, &shared("lease")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_advisory_holder_frees_the_lock_at_once() {
-    let key = unique("kill-advisory");
-    // A TTL far longer than the wait below: only the session's end can free it.
-    let (h, token) = hold("advisory", &key, 60_000);
-    let url = format!("{SHARED}?mode=advisory");
-    let other = locker(&url).await;
-    assert!(other.lock(&key).try_acquire().await.unwrap().is_none());
-    h.signal(Signal::SIGKILL).unwrap();
-    let g = other
-        .lock(&key)
-        .wait(Duration::from_secs(20))
-        .acquire()
-        .await
-        .unwrap();
-    assert!(g.token().unwrap().get() > token);
-    g.release().await.unwrap();
-}
-
-async fn paused_holder_loses_its_lock(mode: &str) {
-    let key = unique(&format!("pause-{mode}"));
-    let (h, stale) = hold(mode, &key, 2000);
-    h.signal(Signal::SIGSTOP).unwrap();
-    let start = Instant::now();
-    let url = format!("{SHARED}?mode={mode}");
-    let g = locker(&url)
-        .await
-        .lock(&key)
-        .wait(Duration::from_secs(30))
-        .acquire()
-        .await
-        .unwrap();
-    assert!(
-        start.elapsed() >= Duration::from_secs(1),
-        "{mode}: granted before the paused holder's TTL"
-    );
-    let token = g.token().unwrap();
-    assert!(token.get() > stale, "{mode}: token {token:?} after {stale}");
-    assert!(
-        fenced_write(&key, token).await,
-        "{mode}: the new holder's write was refused"
-    );
-    h.signal(Signal::SIGCONT).unwrap();
-    let rest = h.finish();
-    assert!(
-        rest.iter().any(|l| l == "lost true"),
-        "{mode}: the resumed holder never learned: {rest:?}"
-    );
-    assert!(
-        rest.iter().any(|l| l == "stale-write rejected"),
-        "{mode}: the stale write got through: {rest:?}"
-    );
-    g.release().await.unwrap();
+    faults::killed_session_holder_frees_at_once(&Pg, &shared("advisory")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_lease_holder_loses_its_lock_and_its_stale_write() {
-    paused_holder_loses_its_lock("lease").await;
+    faults::paused_holder_loses_its_lock_and_its_stale_write(&Pg, &shared("lease")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_advisory_holder_loses_its_lock_and_its_stale_write() {
-    paused_holder_loses_its_lock("advisory").await;
+    faults::paused_holder_loses_its_lock_and_its_stale_write(&Pg, &shared("advisory")).await;
 }

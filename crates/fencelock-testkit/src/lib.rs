@@ -7,6 +7,7 @@
 #![warn(missing_docs)]
 
 mod conformance;
+pub mod faults;
 mod flaky;
 mod holder;
 mod proxy;

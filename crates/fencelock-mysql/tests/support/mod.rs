@@ -6,7 +6,9 @@
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use fencelock_core::FencingToken;
+use fencelock_core::{FencingToken, Locker, Result, async_trait};
+use fencelock_mysql::MySqlBackend;
+use fencelock_testkit::faults::FaultHarness;
 use fencelock_testkit::{Signal, free_port, send_signal, wait_for_port};
 
 pub const SHARED: &str = "mysql://root@127.0.0.1:3306/test";
@@ -91,21 +93,23 @@ impl Drop for PrivateMariaDb {
     }
 }
 
-/// A key no other test run uses.
-pub fn unique(name: &str) -> String {
-    format!(
-        "my-faults-{name}-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    )
+/// The harness of the fault scenarios: clients of the URL given, and the
+/// protected resource a row in the shared test database; a write counts only
+/// with a token larger than the last one written.
+pub struct My;
+
+#[async_trait]
+impl FaultHarness for My {
+    async fn locker(&self, url: &str) -> Result<Locker> {
+        Ok(Locker::new(MySqlBackend::connect(url).await?))
+    }
+
+    async fn fenced_write(&self, key: &str, token: FencingToken) -> Result<bool> {
+        Ok(fenced_write(key, token).await)
+    }
 }
 
-/// The protected resource: a row in the shared test database; a write counts
-/// only with a token larger than the last one written.
-pub async fn fenced_write(key: &str, token: FencingToken) -> bool {
+async fn fenced_write(key: &str, token: FencingToken) -> bool {
     let pool = sqlx::MySqlPool::connect(SHARED).await.unwrap();
     sqlx::query("CREATE TABLE IF NOT EXISTS t_fault_resource (id VARBINARY(256) PRIMARY KEY, last_token BIGINT NOT NULL)")
         .execute(&pool)

@@ -8,6 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use fencelock_core::{FencingToken, Locker, Result, async_trait};
+use fencelock_postgres::PostgresBackend;
+use fencelock_postgres::patterns::Fenced;
+use fencelock_testkit::faults::FaultHarness;
 use fencelock_testkit::{Signal, free_port, send_signal, wait_for_port};
 
 pub const SHARED: &str = "postgres://postgres:postgres@127.0.0.1:5432/test";
@@ -137,14 +141,29 @@ impl Drop for PrivatePostgres {
     }
 }
 
-/// A key no other test run uses.
-pub fn unique(name: &str) -> String {
-    format!(
-        "pg-faults-{name}-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    )
+/// The harness of the fault scenarios: clients of the URL given, and the
+/// protected resource a row in the shared test database, fenced by token.
+pub struct Pg;
+
+#[async_trait]
+impl FaultHarness for Pg {
+    async fn locker(&self, url: &str) -> Result<Locker> {
+        Ok(Locker::new(PostgresBackend::connect(url).await?))
+    }
+
+    async fn fenced_write(&self, key: &str, token: FencingToken) -> Result<bool> {
+        let pool = PostgresBackend::connect(SHARED).await?.pool().clone();
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS t_fault_resource (id bigint PRIMARY KEY, body text NOT NULL, last_token bigint NOT NULL)",
+        )
+        .execute(&pool)
+        .await
+        .map_err(|e| fencelock_core::Error::backend("postgres", e))?;
+        let id = key
+            .bytes()
+            .fold(0i64, |h, b| h.wrapping_mul(31).wrapping_add(i64::from(b)));
+        Fenced::new("t_fault_resource", "id", "body", "last_token")?
+            .write(&pool, id, key, token)
+            .await
+    }
 }

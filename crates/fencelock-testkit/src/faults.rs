@@ -1,0 +1,289 @@
+//! Fault scenarios shared by the backends' fault tests: a holder process
+//! SIGKILLed or SIGSTOPped, the server restarted under a hold, and a client
+//! whose wall clock is off. Each backend's test binary provides a
+//! [`FaultHarness`], runs [`holder_worker`] from an ignored test named
+//! `holder_worker`, and calls the scenarios; the bodies live here once.
+//!
+//! Every scenario states what must happen and panics (a test failure) if it
+//! does not.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use fencelock_core::clock::shift_wall_clock_for_tests;
+use fencelock_core::{Error, FencingToken, Locker, Result, async_trait};
+use nix::sys::signal::Signal;
+
+use crate::holder::HolderProcess;
+
+/// What a backend provides to the fault scenarios.
+#[async_trait]
+pub trait FaultHarness: Send + Sync + 'static {
+    /// A new client (its own connections) of the backend at `url`.
+    async fn locker(&self, url: &str) -> Result<Locker>;
+
+    /// Writes to the resource the lock `key` protects, fenced by `token`: true
+    /// if written, false if a write with a token at least as large came first.
+    async fn fenced_write(&self, key: &str, token: FencingToken) -> Result<bool>;
+}
+
+const URL_VAR: &str = "FENCELOCK_HOLD_URL";
+const KEY_VAR: &str = "FENCELOCK_HOLD_KEY";
+const TTL_VAR: &str = "FENCELOCK_HOLD_TTL_MS";
+
+/// The body of the holder process; call it from an ignored test named
+/// `holder_worker`. Does nothing unless started by a scenario: it holds the
+/// key with the TTL the scenario gave, prints `acquired <token>`, waits for the
+/// lease to be lost, prints `lost true`, then tries the write a paused holder
+/// would still make and prints `stale-write accepted|rejected`.
+pub fn holder_worker<H: FaultHarness>(harness: H) {
+    let (Ok(url), Ok(key)) = (std::env::var(URL_VAR), std::env::var(KEY_VAR)) else {
+        return;
+    };
+    let ttl = std::env::var(TTL_VAR)
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .map_or(Duration::from_secs(2), Duration::from_millis);
+    let Ok(runtime) = tokio::runtime::Runtime::new() else {
+        panic!("no tokio runtime for the holder");
+    };
+    runtime.block_on(async move {
+        let locker = harness.locker(&url).await.expect("holder: connect");
+        let g = locker
+            .lock(&key)
+            .ttl(ttl)
+            .acquire()
+            .await
+            .expect("holder: acquire");
+        let token = g.token().expect("holder: a fencing token");
+        println!("acquired {}", token.get());
+        let lost = g.lost().await;
+        println!("lost {}", matches!(lost, Error::Lost { .. }));
+        let written = harness
+            .fenced_write(&key, token)
+            .await
+            .expect("holder: fenced write");
+        println!(
+            "stale-write {}",
+            if written { "accepted" } else { "rejected" }
+        );
+    });
+}
+
+/// A key no other test run uses.
+pub fn unique_key(name: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("faults-{name}-{}-{nanos}", std::process::id())
+}
+
+fn spawn_holder(url: &str, key: &str, ttl: Duration) -> (HolderProcess, u64) {
+    let ttl_ms = ttl.as_millis().to_string();
+    let mut h = HolderProcess::spawn(
+        "holder_worker",
+        &[(URL_VAR, url), (KEY_VAR, key), (TTL_VAR, &ttl_ms)],
+    )
+    .expect("spawn the holder process");
+    let token = h
+        .expect("acquired ")
+        .expect("the holder acquires")
+        .parse()
+        .expect("a token");
+    (h, token)
+}
+
+async fn locker<H: FaultHarness>(h: &H, url: &str) -> Locker {
+    h.locker(url).await.expect("connect")
+}
+
+/// A holder process SIGKILLed under a lease that lives by its TTL: another
+/// client gets the lock, no sooner than about the TTL, with a larger token.
+pub async fn killed_holder_frees_after_its_ttl<H: FaultHarness>(h: &H, url: &str) {
+    let key = unique_key("kill-ttl");
+    let (holder, token) = spawn_holder(url, &key, Duration::from_secs(2));
+    holder.signal(Signal::SIGKILL).expect("kill the holder");
+    let start = Instant::now();
+    let g = locker(h, url)
+        .await
+        .lock(&key)
+        .wait(Duration::from_secs(30))
+        .acquire()
+        .await
+        .expect("granted after the killed holder's TTL");
+    assert!(
+        start.elapsed() >= Duration::from_secs(1),
+        "granted {:?} after the kill, before the TTL",
+        start.elapsed()
+    );
+    assert!(g.token().expect("token").get() > token);
+    g.release().await.expect("release");
+}
+
+/// A holder process SIGKILLed under a session-bound lock (its TTL far longer
+/// than the wait): the session dies with the process, so another client gets
+/// the lock at once, with a larger token.
+pub async fn killed_session_holder_frees_at_once<H: FaultHarness>(h: &H, url: &str) {
+    let key = unique_key("kill-session");
+    let (holder, token) = spawn_holder(url, &key, Duration::from_secs(60));
+    let other = locker(h, url).await;
+    assert!(
+        other.lock(&key).try_acquire().await.expect("try").is_none(),
+        "the lock was free while the holder lived"
+    );
+    holder.signal(Signal::SIGKILL).expect("kill the holder");
+    let g = other
+        .lock(&key)
+        .wait(Duration::from_secs(20))
+        .acquire()
+        .await
+        .expect("granted well before the 60 s TTL");
+    assert!(g.token().expect("token").get() > token);
+    g.release().await.expect("release");
+}
+
+/// A holder process SIGSTOPped past its 2 s TTL: another client is granted the
+/// lock after it with a larger token and writes; the resumed holder's `lost()`
+/// fires and its stale fenced write is rejected.
+pub async fn paused_holder_loses_its_lock_and_its_stale_write<H: FaultHarness>(h: &H, url: &str) {
+    let key = unique_key("pause");
+    let (holder, stale) = spawn_holder(url, &key, Duration::from_secs(2));
+    holder.signal(Signal::SIGSTOP).expect("pause the holder");
+    let start = Instant::now();
+    let g = locker(h, url)
+        .await
+        .lock(&key)
+        .wait(Duration::from_secs(30))
+        .acquire()
+        .await
+        .expect("granted after the paused holder's TTL");
+    assert!(
+        start.elapsed() >= Duration::from_secs(1),
+        "granted before the paused holder's TTL"
+    );
+    let token = g.token().expect("token");
+    assert!(token.get() > stale, "token {token:?} after {stale}");
+    assert!(
+        h.fenced_write(&key, token).await.expect("write"),
+        "the new holder's write was refused"
+    );
+    holder.signal(Signal::SIGCONT).expect("resume the holder");
+    let rest = holder.finish();
+    assert!(
+        rest.iter().any(|l| l == "lost true"),
+        "the resumed holder never learned: {rest:?}"
+    );
+    assert!(
+        rest.iter().any(|l| l == "stale-write rejected"),
+        "the stale write got through: {rest:?}"
+    );
+    g.release().await.expect("release");
+}
+
+/// The server restarted (by `restart`) under a session-bound hold: the guard's
+/// `lost()` fires, and after the restart the lock is free with a larger token.
+pub async fn restart_ends_session_holds<H, F, Fut>(h: &H, url: &str, restart: F)
+where
+    H: FaultHarness,
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let key = unique_key("restart-session");
+    let g = locker(h, url)
+        .await
+        .lock(&key)
+        .ttl(Duration::from_secs(1))
+        .acquire()
+        .await
+        .expect("acquire");
+    let before = g.token().expect("token");
+    restart().await;
+    let lost = tokio::time::timeout(Duration::from_secs(10), g.lost())
+        .await
+        .expect("lost() did not fire after the server restarted");
+    assert!(matches!(lost, Error::Lost { .. }), "{lost:?}");
+    assert!(!g.is_valid());
+    let g2 = locker(h, url)
+        .await
+        .lock(&key)
+        .try_acquire()
+        .await
+        .expect("try")
+        .expect("free after the restart");
+    assert!(
+        g2.token().expect("token") > before,
+        "token {:?} after {before:?}",
+        g2.token()
+    );
+    g2.release().await.expect("release");
+}
+
+/// The server restarted (by `restart`, quickly) under a lease with a 6 s TTL:
+/// the watchdog renews on new connections, the guard stays valid and others
+/// are refused.
+pub async fn lease_outlives_a_short_restart<H, F, Fut>(h: &H, url: &str, restart: F)
+where
+    H: FaultHarness,
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let key = unique_key("restart-lease");
+    let g = locker(h, url)
+        .await
+        .lock(&key)
+        .ttl(Duration::from_secs(6))
+        .acquire()
+        .await
+        .expect("acquire");
+    restart().await;
+    // Two renewal periods after the restart.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(g.is_valid(), "the lease was lost over a short restart");
+    let other = locker(h, url).await;
+    assert!(
+        other.lock(&key).try_acquire().await.expect("try").is_none(),
+        "another client got a held lease"
+    );
+    g.release().await.expect("release");
+    let g2 = other
+        .lock(&key)
+        .try_acquire()
+        .await
+        .expect("try")
+        .expect("free after release");
+    g2.release().await.expect("release");
+}
+
+/// Expiry follows the server's clock: with this process's wall clock an hour
+/// behind, then ahead (the core's test hook), a 2 s fixed lease is busy at
+/// once and free after about its TTL. A backend computing expiry on the client
+/// frees it at once (behind) or an hour late (ahead). The offset is
+/// process-wide: run this in a test binary of its own.
+pub async fn expiry_follows_the_server_clock<H: FaultHarness>(h: &H, url: &str) {
+    for (offset_ms, label) in [(-3_600_000, "behind"), (3_600_000, "ahead")] {
+        shift_wall_clock_for_tests(offset_ms);
+        let key = unique_key(&format!("clock-{label}"));
+        let (a, b) = (locker(h, url).await, locker(h, url).await);
+        let ttl = Duration::from_secs(2);
+        let start = Instant::now();
+        let g = a.lock(&key).lease(ttl).acquire().await.expect("acquire");
+        assert!(
+            b.lock(&key).try_acquire().await.expect("try").is_none(),
+            "client clock {label}: the lease was free at once"
+        );
+        let g2 = b
+            .lock(&key)
+            .wait(Duration::from_secs(20))
+            .acquire()
+            .await
+            .unwrap_or_else(|e| panic!("client clock {label}: not freed after its TTL: {e}"));
+        let took = start.elapsed();
+        assert!(
+            took >= ttl / 2,
+            "client clock {label}: freed after {took:?}"
+        );
+        g2.release().await.expect("release");
+        drop(g);
+    }
+    shift_wall_clock_for_tests(0);
+}
