@@ -238,6 +238,17 @@ SQL
     say mariadb 127.0.0.1:3306 "$status"
 }
 
+start_memcached() {
+    ensure_pkg memcached memcached
+    if port_open 11211; then
+        say memcached 127.0.0.1:11211 "already running"
+        return
+    fi
+    memcached -d -l 127.0.0.1 -p 11211 -U 0 -m 64 -u memcache -P "$STATE_DIR/memcached-11211.pid"
+    wait_port memcached 11211
+    say memcached 127.0.0.1:11211 started
+}
+
 setup_python_clients() {
     local venv="$STATE_DIR/pyenv"
     if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import kazurator' 2>/dev/null; then
@@ -272,6 +283,7 @@ main() {
     start_zookeeper
     start_postgres
     start_mariadb
+    start_memcached
     setup_python_clients
 }
 

@@ -14,6 +14,7 @@
 //! | `zk://h1:p1,h2:p2/chroot` | ZooKeeper (Curator-compatible recipes) | `zookeeper` |
 //! | `postgres://user:pw@host/db[?mode=lease\|advisory]` | PostgreSQL lease table or advisory locks | `postgres` |
 //! | `mysql://user:pw@host/db[?mode=lease\|get_lock]` (`mariadb://`) | MySQL/MariaDB lease table or `GET_LOCK` | `mysql` |
+//! | `memcached://host:port` | memcached `add` with expiry (no fencing tokens) | `memcached` |
 //!
 //! # Example
 //!
@@ -46,6 +47,8 @@ pub use fencelock_core::*;
 pub mod backends {
     /// The in-memory backend (always present).
     pub use fencelock_core::MemoryBackend;
+    #[cfg(feature = "memcached")]
+    pub use fencelock_memcached as memcached;
     #[cfg(feature = "mysql")]
     pub use fencelock_mysql as mysql;
     #[cfg(feature = "postgres")]
@@ -96,6 +99,9 @@ pub fn compiled_backends() -> Vec<&'static str> {
     if cfg!(feature = "mysql") {
         v.push("mysql");
     }
+    if cfg!(feature = "memcached") {
+        v.push("memcached");
+    }
     v
 }
 
@@ -141,6 +147,10 @@ pub async fn connect_backend(url: &str) -> Result<Arc<dyn Backend>> {
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => Ok(Arc::new(
             fencelock_postgres::PostgresBackend::connect(url).await?,
+        )),
+        #[cfg(feature = "memcached")]
+        "memcached" => Ok(Arc::new(
+            fencelock_memcached::MemcachedBackend::connect(url).await?,
         )),
         #[cfg(feature = "mysql")]
         "mysql" | "mariadb" => Ok(Arc::new(fencelock_mysql::MySqlBackend::connect(url).await?)),

@@ -295,9 +295,14 @@ pub async fn demo(args: DemoArgs) -> u8 {
     print_table(&acts);
     let ok = acts.iter().filter(|a| a.judged).all(Act::correct);
     println!();
-    if ok {
+    if ok && caps.fencing {
         println!(
             "with fencelock nothing was oversold, tokens rose with every sale, and the paused holder's stale write was fenced off."
+        );
+        0
+    } else if ok {
+        println!(
+            "with fencelock nothing was oversold; without fencing tokens a holder paused past its TTL could not have been fenced off, so act 3 did not run."
         );
         0
     } else {

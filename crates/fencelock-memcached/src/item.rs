@@ -1,0 +1,83 @@
+//! How a lock is kept in memcached: the item name of a key, and the value of
+//! a held item (`fencelock1 <holds>`, the owner and the key, one per line;
+//! neither may contain a control character).
+
+use sha2::{Digest, Sha256};
+
+/// memcached's limit on item names.
+const MAX_NAME: usize = 250;
+
+/// The item of `key`: `<prefix><key>` when that is a valid memcached name
+/// (printable ASCII without spaces, at most 250 bytes), else
+/// `<prefix>sha256:<hex of the key>`.
+pub(crate) fn item_name(prefix: &str, key: &str) -> String {
+    let plain = format!("{prefix}{key}");
+    if plain.len() <= MAX_NAME && plain.bytes().all(|b| b.is_ascii_graphic()) {
+        return plain;
+    }
+    let digest = Sha256::digest(key.as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{prefix}sha256:{hex}")
+}
+
+/// A held item's value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Holder {
+    pub(crate) holds: u32,
+    pub(crate) owner: String,
+    /// The lock's key (the item name may be its hash).
+    pub(crate) key: String,
+}
+
+impl Holder {
+    pub(crate) fn encode(&self) -> String {
+        format!("fencelock1 {}\n{}\n{}", self.holds, self.owner, self.key)
+    }
+
+    /// `None` for a value fencelock did not write.
+    pub(crate) fn decode(data: &[u8]) -> Option<Holder> {
+        let text = std::str::from_utf8(data).ok()?;
+        let mut lines = text.strip_prefix("fencelock1 ")?.split('\n');
+        let (holds, owner, key) = (lines.next()?, lines.next()?, lines.next()?);
+        Some(Holder {
+            holds: holds.parse().ok()?,
+            owner: owner.to_string(),
+            key: key.to_string(),
+        })
+    }
+
+    /// The same holder with `holds` holds.
+    pub(crate) fn with_holds(&self, holds: u32) -> Holder {
+        Holder {
+            holds,
+            ..self.clone()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_valid_memcached_keys() {
+        assert_eq!(item_name("fl:", "orders/42"), "fl:orders/42");
+        let spaced = item_name("fl:", "with space");
+        assert!(spaced.starts_with("fl:sha256:") && spaced.len() == 3 + 7 + 64);
+        let long = "x".repeat(256);
+        assert!(item_name("fl:", &long).len() <= MAX_NAME);
+        assert_ne!(item_name("fl:", "a b"), item_name("fl:", "a c"));
+        assert!(item_name("fl:", "ключ").starts_with("fl:sha256:"));
+    }
+
+    #[test]
+    fn values_round_trip() {
+        let h = Holder {
+            holds: 3,
+            owner: "o w n e r".into(),
+            key: "k e y".into(),
+        };
+        assert_eq!(Holder::decode(h.encode().as_bytes()), Some(h));
+        assert_eq!(Holder::decode(b"something else"), None);
+    }
+}

@@ -1,0 +1,522 @@
+//! memcached backend of fencelock: exclusive locks with TTL, reentrancy and
+//! owner-checked release, for fleets that already run memcached.
+//!
+//! # Algorithm
+//!
+//! A held lock is one item, `<prefix><key>` (hashed when the key is not a valid
+//! memcached name), whose value names the owner and its hold count.
+//!
+//! - **acquire**: `add` with expiry (meta `ms … ME T<secs>`): only one client
+//!   creates the item. If it exists and belongs to the same owner, a reentrant
+//!   request adds a hold with a CAS-checked write.
+//! - **renew**: read the item with its CAS value, check the owner, rewrite it
+//!   with a new expiry only if the CAS value did not change (`ms … C<cas>`).
+//! - **release**: read, check the owner, then delete only if the CAS value did
+//!   not change (`md … C<cas>`), or write back one hold fewer. A client can
+//!   never delete a lock another owner took after its own expired.
+//! - **waiting**: jittered backoff, bounded by the holder's remaining TTL; a
+//!   release in the same process wakes its waiters at once.
+//!
+//! memcached counts expiry in whole seconds on a clock that ticks once a
+//! second, so an item lives for its TTL rounded up **plus one second** (an item
+//! set just before a tick would otherwise expire up to a second early); the
+//! client's own deadline stays the TTL asked for.
+//!
+//! # No fencing tokens
+//!
+//! memcached is a cache: it may evict a held item under memory pressure, and a
+//! restart empties it, so another client can acquire while the first still
+//! believes it holds the lock, and nothing the server keeps survives to order
+//! the two. A counter kept in memcached (`incr`) could restart from zero or be
+//! evicted too, so a token from it could repeat — a made-up guarantee. This
+//! backend therefore gives **no fencing token** (`Capabilities::fencing` is
+//! false, `Guard::token()` is `None`). A lost item is noticed at the next
+//! renewal and fires `lost()`. Use it for efficiency locks (avoiding duplicate
+//! work), not for correctness; use Redis, etcd, ZooKeeper or a database when a
+//! stale holder must be fenced off.
+//!
+//! Shared and semaphore modes are not offered: one item cannot keep several
+//! holders with their own expiry atomically.
+//!
+//! # Examples
+//!
+//! ```
+//! use fencelock_core::Locker;
+//! use fencelock_memcached::MemcachedBackend;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> fencelock_core::Result<()> {
+//! let locker = Locker::new(MemcachedBackend::connect("memcached://127.0.0.1:11211").await?);
+//! let guard = locker.lock("doc-example/nightly-report").acquire().await?;
+//! assert_eq!(guard.token(), None); // memcached gives no fencing token
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs)]
+
+mod item;
+mod options;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_memcached::{Client, MetaProtocol, Status};
+use fencelock_core::{
+    Backend, Backoff, Capabilities, Error, Grant, HolderInfo, Key, LeaseRef, LockInfo, Mode,
+    Released, Renewal, Request, Result, async_trait,
+};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+pub use options::MemcachedOptions;
+
+use crate::item::{Holder, item_name};
+
+const NAME: &str = "memcached";
+
+/// The longest relative expiry memcached accepts (larger numbers are Unix times).
+const MAX_EXPIRY_SECS: u64 = 30 * 24 * 3600;
+
+/// Locks in one memcached server (`memcached://host:port`). Clones share the
+/// connections.
+#[derive(Clone)]
+pub struct MemcachedBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    addr: String,
+    options: MemcachedOptions,
+    idle: Mutex<Vec<Client>>,
+    /// Wakes this process's waiters when a hold is released here.
+    released: Notify,
+}
+
+/// An item as read: its holder (if fencelock wrote it), CAS value and the
+/// seconds it has left.
+struct Read {
+    holder: Option<Holder>,
+    cas: u64,
+    secs_left: i64,
+}
+
+/// The expiry to give an item for a hold of `ttl` (see the crate docs).
+fn expiry_secs(ttl: Duration) -> Result<u64> {
+    let secs = ttl.as_millis().div_ceil(1000) as u64 + 1;
+    if secs > MAX_EXPIRY_SECS {
+        return Err(Error::config(format!(
+            "a TTL of {ttl:?} is longer than memcached's 30 days of relative expiry"
+        )));
+    }
+    Ok(secs)
+}
+
+impl MemcachedBackend {
+    /// Connects to the server a `memcached://host:port[?prefix=&ttl=&pool=]` URL names.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] for a bad URL or option; [`Error::Connection`] if
+    /// the server does not answer.
+    pub async fn connect(url: &str) -> Result<MemcachedBackend> {
+        let (addr, options) = options::parse_url(url)?;
+        let backend = MemcachedBackend {
+            inner: Arc::new(Inner {
+                addr,
+                options,
+                idle: Mutex::new(Vec::new()),
+                released: Notify::new(),
+            }),
+        };
+        let mut c = backend.client().await?;
+        c.version().await.map_err(|e| backend.err(e))?;
+        backend.put_back(c);
+        Ok(backend)
+    }
+
+    /// The options in force.
+    pub fn options(&self) -> &MemcachedOptions {
+        &self.inner.options
+    }
+
+    fn err(&self, e: async_memcached::Error) -> Error {
+        match e {
+            async_memcached::Error::Protocol(s) => Error::backend(NAME, format!("{s:?}")),
+            async_memcached::Error::ParseError(k) => {
+                Error::backend(NAME, format!("unreadable reply: {k:?}"))
+            }
+            other => Error::connection(NAME, &self.inner.addr, format!("{other:?}")),
+        }
+    }
+
+    async fn client(&self) -> Result<Client> {
+        let idle = self
+            .inner
+            .idle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop();
+        match idle {
+            Some(c) if !c.is_closed() => Ok(c),
+            _ => Client::new(format!("tcp://{}", self.inner.addr))
+                .await
+                .map_err(|e| self.err(e)),
+        }
+    }
+
+    /// Keeps a connection that finished its operations cleanly; one that failed
+    /// is dropped by the caller instead.
+    fn put_back(&self, c: Client) {
+        let mut idle = self.inner.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < self.inner.options.pool {
+            idle.push(c);
+        }
+    }
+
+    fn name(&self, key: &Key) -> String {
+        item_name(&self.inner.options.prefix, key.as_str())
+    }
+
+    /// Runs `op` on a pooled connection, returning it to the pool after success.
+    async fn with_client<T>(
+        &self,
+        op: impl AsyncFnOnce(&mut Client) -> std::result::Result<T, async_memcached::Error>,
+    ) -> Result<T> {
+        let mut c = self.client().await?;
+        let out = op(&mut c).await.map_err(|e| self.err(e))?;
+        self.put_back(c);
+        Ok(out)
+    }
+
+    /// Removes the lock item of `key` whoever holds it (an operator breaking a
+    /// lock; the testkit's "stolen lease").
+    ///
+    /// # Errors
+    ///
+    /// Connection errors.
+    pub async fn force_release(&self, key: &Key) -> Result<()> {
+        let name = self.name(key);
+        self.with_client(
+            async |c| match c.meta_delete(&name, false, None, None).await {
+                Ok(_) | Err(async_memcached::Error::Protocol(Status::NotFound)) => Ok(()),
+                Err(e) => Err(e),
+            },
+        )
+        .await?;
+        self.inner.released.notify_waiters();
+        Ok(())
+    }
+
+    async fn read(&self, name: &str) -> Result<Option<Read>> {
+        let got = self
+            .with_client(async |c| c.meta_get(name, false, None, Some(&["v", "c", "t"])).await)
+            .await?;
+        Ok(got.map(|v| Read {
+            holder: v.data.as_deref().and_then(Holder::decode),
+            cas: v.cas.unwrap_or(0),
+            secs_left: v.ttl_remaining.unwrap_or(-1),
+        }))
+    }
+
+    /// `add`: true if this call created the item.
+    async fn add(&self, name: &str, holder: &Holder, secs: u64) -> Result<bool> {
+        let value = holder.encode();
+        let t = format!("T{secs}");
+        self.with_client(async |c| {
+            match c
+                .meta_set(name, value.as_str(), false, None, Some(&["ME", t.as_str()]))
+                .await
+            {
+                Ok(_) => Ok(true),
+                Err(async_memcached::Error::Protocol(Status::NotStored | Status::Exists)) => {
+                    Ok(false)
+                }
+                Err(e) => Err(e),
+            }
+        })
+        .await
+    }
+
+    /// Writes `holder` with expiry `secs` if the item's CAS value is still `cas`.
+    async fn replace(&self, name: &str, holder: &Holder, cas: u64, secs: u64) -> Result<bool> {
+        let value = holder.encode();
+        let (c_flag, t) = (format!("C{cas}"), format!("T{secs}"));
+        self.with_client(async |c| {
+            match c
+                .meta_set(
+                    name,
+                    value.as_str(),
+                    false,
+                    None,
+                    Some(&[c_flag.as_str(), t.as_str()]),
+                )
+                .await
+            {
+                Ok(_) => Ok(true),
+                Err(async_memcached::Error::Protocol(
+                    Status::Exists | Status::NotFound | Status::NotStored,
+                )) => Ok(false),
+                Err(e) => Err(e),
+            }
+        })
+        .await
+    }
+
+    /// Deletes the item if its CAS value is still `cas`.
+    async fn delete(&self, name: &str, cas: u64) -> Result<bool> {
+        let c_flag = format!("C{cas}");
+        self.with_client(async |c| {
+            match c
+                .meta_delete(name, false, None, Some(&[c_flag.as_str()]))
+                .await
+            {
+                Ok(_) => Ok(true),
+                Err(async_memcached::Error::Protocol(Status::Exists | Status::NotFound)) => {
+                    Ok(false)
+                }
+                Err(e) => Err(e),
+            }
+        })
+        .await
+    }
+
+    /// One attempt: the grant, or the seconds the holder has left.
+    async fn attempt(&self, req: &Request) -> Result<std::result::Result<Grant, Duration>> {
+        if req.mode != Mode::Exclusive {
+            return Err(Error::unsupported(
+                NAME,
+                format!("{} locks (only exclusive)", req.mode),
+            ));
+        }
+        let name = self.name(&req.key);
+        let secs = expiry_secs(req.ttl)?;
+        loop {
+            let requested_at = Instant::now();
+            let mine = Holder {
+                holds: 1,
+                owner: req.owner.to_string(),
+                key: req.key.to_string(),
+            };
+            if self.add(&name, &mine, secs).await? {
+                return Ok(Ok(Grant::new(None, req.ttl, 1, requested_at)));
+            }
+            let Some(now) = self.read(&name).await? else {
+                continue; // expired or released meanwhile: try again
+            };
+            match now.holder {
+                Some(h) if h.owner == req.owner.as_str() => {
+                    if !req.reentrant {
+                        return Ok(Ok(Grant::new(None, req.ttl, h.holds, requested_at)));
+                    }
+                    let more = h.with_holds(h.holds + 1);
+                    let keep = secs.max(u64::try_from(now.secs_left).unwrap_or(0));
+                    if self.replace(&name, &more, now.cas, keep).await? {
+                        return Ok(Ok(Grant::new(None, req.ttl, more.holds, requested_at)));
+                    }
+                }
+                _ => {
+                    let left = Duration::from_secs(u64::try_from(now.secs_left).unwrap_or(1));
+                    return Ok(Err(left));
+                }
+            }
+        }
+    }
+
+    async fn renew_one(&self, lease: &LeaseRef) -> Result<Renewal> {
+        let name = self.name(&lease.key);
+        let secs = expiry_secs(lease.ttl)?;
+        loop {
+            let Some(now) = self.read(&name).await? else {
+                return Ok(Renewal::Lost {
+                    reason: "the item is gone (expired, evicted, or the server restarted)".into(),
+                });
+            };
+            let Some(h) = now.holder.filter(|h| h.owner == lease.owner.as_str()) else {
+                return Ok(Renewal::Lost {
+                    reason: "another owner holds the item now".into(),
+                });
+            };
+            if self.replace(&name, &h, now.cas, secs).await? {
+                return Ok(Renewal::Held { ttl: lease.ttl });
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for MemcachedBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::NONE
+            .with_reentrant(true)
+            .with_ttl(true)
+            .with_inspect(true)
+            .with_cross_process(true)
+    }
+
+    fn address(&self) -> String {
+        format!("memcached://{}", self.inner.addr)
+    }
+
+    fn default_ttl(&self) -> Option<Duration> {
+        self.inner.options.default_ttl
+    }
+
+    async fn try_acquire(&self, req: &Request) -> Result<Option<Grant>> {
+        Ok(self.attempt(req).await?.ok())
+    }
+
+    async fn acquire(&self, req: &Request, deadline: Option<Instant>) -> Result<Option<Grant>> {
+        let mut backoff = Backoff::new(Duration::from_millis(2), Duration::from_millis(100));
+        loop {
+            let released = self.inner.released.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
+            let left = match self.attempt(req).await? {
+                Ok(grant) => return Ok(Some(grant)),
+                Err(left) => left,
+            };
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(None);
+            }
+            tokio::select! {
+                _ = &mut released => backoff.reset(),
+                _ = backoff.sleep(deadline, Some(left.max(Duration::from_millis(1)))) => {}
+            }
+        }
+    }
+
+    async fn renew(&self, leases: &[LeaseRef]) -> Result<Vec<Renewal>> {
+        let mut out = Vec::with_capacity(leases.len());
+        for lease in leases {
+            out.push(self.renew_one(lease).await?);
+        }
+        Ok(out)
+    }
+
+    async fn release(&self, lease: &LeaseRef) -> Result<Released> {
+        let name = self.name(&lease.key);
+        let not_held = || Error::NotHeld {
+            key: lease.key.to_string(),
+            owner: lease.owner.to_string(),
+        };
+        loop {
+            let now = self.read(&name).await?.ok_or_else(not_held)?;
+            let h = now
+                .holder
+                .filter(|h| h.owner == lease.owner.as_str())
+                .ok_or_else(not_held)?;
+            if h.holds > 1 {
+                let fewer = h.with_holds(h.holds - 1);
+                let keep = u64::try_from(now.secs_left).unwrap_or(1).max(1);
+                if self.replace(&name, &fewer, now.cas, keep).await? {
+                    return Ok(Released::new(fewer.holds));
+                }
+            } else if self.delete(&name, now.cas).await? {
+                self.inner.released.notify_waiters();
+                return Ok(Released::new(0));
+            }
+        }
+    }
+
+    async fn inspect(&self, key: &Key) -> Result<Option<LockInfo>> {
+        let Some(now) = self.read(&self.name(key)).await? else {
+            return Ok(None);
+        };
+        let holders = now
+            .holder
+            .map(|h| {
+                let left = u64::try_from(now.secs_left).ok().map(Duration::from_secs);
+                vec![HolderInfo::new(
+                    h.owner,
+                    Mode::Exclusive,
+                    h.holds,
+                    None,
+                    left,
+                )]
+            })
+            .unwrap_or_default();
+        Ok(Some(LockInfo::new(key.as_str(), holders, None)))
+    }
+
+    /// Walks every item of the server (memcached's LRU crawler, `lru_crawler
+    /// metadump`): fine for an operator's `fencelock list`, slow on a big cache.
+    async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
+        let ours = self.inner.options.prefix.as_bytes();
+        let names = self
+            .with_client(async |c| {
+                let mut names = Vec::new();
+                let mut dump = c.dump_keys().await?;
+                while let Some(entry) = dump.next().await {
+                    // The crawler prints names URI-encoded.
+                    let name = percent_decode(&entry?.key);
+                    if name.starts_with(ours) {
+                        names.push(name);
+                    }
+                }
+                Ok(names)
+            })
+            .await?;
+        let mut out = Vec::new();
+        for name in names {
+            let Ok(name) = String::from_utf8(name) else {
+                continue;
+            };
+            let Some(now) = self.read(&name).await? else {
+                continue;
+            };
+            let Some(h) = now.holder.filter(|h| h.key.starts_with(prefix)) else {
+                continue;
+            };
+            let left = u64::try_from(now.secs_left).ok().map(Duration::from_secs);
+            let key = h.key.clone();
+            let holder = HolderInfo::new(h.owner, Mode::Exclusive, h.holds, None, left);
+            out.push(LockInfo::new(key, vec![holder], None));
+        }
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
+    }
+}
+
+/// Decodes `%XX` escapes.
+fn percent_decode(raw: &[u8]) -> Vec<u8> {
+    let hex = |b: u8| (b as char).to_digit(16);
+    let mut out = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        if raw[i] == b'%'
+            && i + 2 < raw.len()
+            && let (Some(h), Some(l)) = (hex(raw[i + 1]), hex(raw[i + 2]))
+        {
+            out.push((h * 16 + l) as u8);
+            i += 3;
+        } else {
+            out.push(raw[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+impl std::fmt::Debug for MemcachedBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemcachedBackend")
+            .field("addr", &self.inner.addr)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn percent_decoding() {
+        assert_eq!(
+            super::percent_decode(b"fencelock%3Aa%2Fb"),
+            b"fencelock:a/b"
+        );
+        assert_eq!(super::percent_decode(b"50%"), b"50%");
+        assert_eq!(super::percent_decode(b"%zz"), b"%zz");
+    }
+}
