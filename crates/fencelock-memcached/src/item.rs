@@ -21,7 +21,7 @@ pub(crate) fn item_name(prefix: &str, key: &str) -> String {
 }
 
 /// A held item's value.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Holder {
     pub(crate) holds: u32,
     pub(crate) owner: String,

@@ -56,6 +56,7 @@
 mod item;
 mod options;
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -87,6 +88,10 @@ struct Inner {
     addr: String,
     options: MemcachedOptions,
     idle: Mutex<Vec<Client>>,
+    /// The last CAS value this client saw on each item it holds, with the
+    /// holder it wrote: renew and release try a CAS-checked write with it first
+    /// (one round trip) and fall back to reading the item when it moved.
+    known: Mutex<HashMap<String, (Holder, u64)>>,
     /// Wakes this process's waiters when a hold is released here.
     released: Notify,
 }
@@ -124,6 +129,7 @@ impl MemcachedBackend {
                 addr,
                 options,
                 idle: Mutex::new(Vec::new()),
+                known: Mutex::new(HashMap::new()),
                 released: Notify::new(),
             }),
         };
@@ -221,19 +227,44 @@ impl MemcachedBackend {
     async fn add(&self, name: &str, holder: &Holder, secs: u64) -> Result<bool> {
         let value = holder.encode();
         let t = format!("T{secs}");
-        self.with_client(async |c| {
-            match c
-                .meta_set(name, value.as_str(), false, None, Some(&["ME", t.as_str()]))
-                .await
-            {
-                Ok(_) => Ok(true),
-                Err(async_memcached::Error::Protocol(Status::NotStored | Status::Exists)) => {
-                    Ok(false)
+        let stored = self
+            .with_client(async |c| {
+                match c
+                    .meta_set(
+                        name,
+                        value.as_str(),
+                        false,
+                        None,
+                        Some(&["ME", t.as_str(), "c"]),
+                    )
+                    .await
+                {
+                    Ok(v) => Ok(stored_cas(v)),
+                    Err(async_memcached::Error::Protocol(Status::NotStored | Status::Exists)) => {
+                        Ok(None)
+                    }
+                    Err(e) => Err(e),
                 }
-                Err(e) => Err(e),
-            }
-        })
-        .await
+            })
+            .await?;
+        if let Some(cas) = stored {
+            self.remember(name, holder, cas);
+        }
+        Ok(stored.is_some())
+    }
+
+    fn remember(&self, name: &str, holder: &Holder, cas: Option<u64>) {
+        let mut known = self.inner.known.lock().unwrap_or_else(|p| p.into_inner());
+        match cas {
+            Some(cas) => known.insert(name.to_string(), (holder.clone(), cas)),
+            None => known.remove(name),
+        };
+    }
+
+    /// What this client last wrote to `name` for `owner`, if anything.
+    fn recall(&self, name: &str, owner: &str) -> Option<(Holder, u64)> {
+        let known = self.inner.known.lock().unwrap_or_else(|p| p.into_inner());
+        known.get(name).filter(|(h, _)| h.owner == owner).cloned()
     }
 
     /// Writes `holder` with expiry `secs` if the item's CAS value is still `cas`.
@@ -247,22 +278,27 @@ impl MemcachedBackend {
                     value.as_str(),
                     false,
                     None,
-                    Some(&[c_flag.as_str(), t.as_str()]),
+                    Some(&[c_flag.as_str(), t.as_str(), "c"]),
                 )
                 .await
             {
-                Ok(_) => Ok(true),
+                Ok(v) => Ok(stored_cas(v)),
                 Err(async_memcached::Error::Protocol(
                     Status::Exists | Status::NotFound | Status::NotStored,
-                )) => Ok(false),
+                )) => Ok(None),
                 Err(e) => Err(e),
             }
         })
         .await
+        .map(|stored| {
+            self.remember(name, holder, stored.flatten());
+            stored.is_some()
+        })
     }
 
     /// Deletes the item if its CAS value is still `cas`.
     async fn delete(&self, name: &str, cas: u64) -> Result<bool> {
+        self.remember(name, &Holder::default(), None);
         let c_flag = format!("C{cas}");
         self.with_client(async |c| {
             match c
@@ -324,6 +360,11 @@ impl MemcachedBackend {
     async fn renew_one(&self, lease: &LeaseRef) -> Result<Renewal> {
         let name = self.name(&lease.key);
         let secs = expiry_secs(lease.ttl)?;
+        if let Some((h, cas)) = self.recall(&name, lease.owner.as_str())
+            && self.replace(&name, &h, cas, secs).await?
+        {
+            return Ok(Renewal::Held { ttl: lease.ttl });
+        }
         loop {
             let Some(now) = self.read(&name).await? else {
                 return Ok(Renewal::Lost {
@@ -402,6 +443,13 @@ impl Backend for MemcachedBackend {
             key: lease.key.to_string(),
             owner: lease.owner.to_string(),
         };
+        if let Some((h, cas)) = self.recall(&name, lease.owner.as_str())
+            && h.holds == 1
+            && self.delete(&name, cas).await?
+        {
+            self.inner.released.notify_waiters();
+            return Ok(Released::new(0));
+        }
         loop {
             let now = self.read(&name).await?.ok_or_else(not_held)?;
             let h = now
@@ -477,6 +525,19 @@ impl Backend for MemcachedBackend {
         }
         out.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(out)
+    }
+}
+
+/// The outcome of a meta set asked to return the CAS value: `None` if not
+/// stored (with return flags a refusal comes back as data with its status),
+/// else the new CAS value if the server sent it.
+fn stored_cas(v: Option<async_memcached::MetaValue>) -> Option<Option<u64>> {
+    match v {
+        None => Some(None),
+        Some(v) => match v.status {
+            None | Some(Status::Stored) => Some(v.cas),
+            Some(_) => None,
+        },
     }
 }
 
