@@ -238,6 +238,55 @@ SQL
     say mariadb 127.0.0.1:3306 "$status"
 }
 
+# etcd_member NAME CLIENT_PORT PEER_PORT CLUSTER: one etcd member on loopback,
+# started from an empty data directory.
+etcd_member() {
+    local name=$1 cport=$2 pport=$3 cluster=$4 dir="$STATE_DIR/etcd-$1"
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    nohup etcd --name "$name" --data-dir "$dir/data" \
+        --listen-client-urls "http://127.0.0.1:$cport" --advertise-client-urls "http://127.0.0.1:$cport" \
+        --listen-peer-urls "http://127.0.0.1:$pport" --initial-advertise-peer-urls "http://127.0.0.1:$pport" \
+        --initial-cluster "$cluster" --initial-cluster-state new --initial-cluster-token "fencelock-$name" \
+        >"$dir/etcd.log" 2>&1 &
+    echo $! >"$STATE_DIR/etcd-$name.pid"
+}
+
+# etcd (Debian's etcd-server; etcdctl from etcd-client for the interop tests)
+# standalone on 2379 and a 3-member cluster on 2479/2579/2679; protoc for the
+# etcd-client crate's build.
+start_etcd() {
+    ensure_pkg etcd-server etcd
+    ensure_pkg etcd-client etcdctl
+    ensure_pkg protobuf-compiler protoc
+    if port_open 2379; then
+        say etcd 127.0.0.1:2379 "already running"
+    else
+        etcd_member s1 2379 2380 "s1=http://127.0.0.1:2380"
+        wait_port etcd 2379
+        say etcd 127.0.0.1:2379 started
+    fi
+    if port_open 2479 && port_open 2579 && port_open 2679; then
+        say "etcd cluster" 127.0.0.1:2479,2579,2679 "already running"
+        return
+    fi
+    local cluster="e1=http://127.0.0.1:2480,e2=http://127.0.0.1:2580,e3=http://127.0.0.1:2680" m
+    for m in "e1 2479 2480" "e2 2579 2580" "e3 2679 2680"; do
+        # shellcheck disable=SC2086
+        etcd_member $m "$cluster"
+    done
+    wait_port "etcd cluster" 2479
+    wait_port "etcd cluster" 2579
+    wait_port "etcd cluster" 2679
+    local i
+    for ((i = 0; i < 100; i++)); do
+        ETCDCTL_API=3 etcdctl --endpoints 127.0.0.1:2479,127.0.0.1:2579,127.0.0.1:2679 \
+            endpoint health >/dev/null 2>&1 && break
+        sleep 0.2
+    done
+    say "etcd cluster" 127.0.0.1:2479,2579,2679 started
+}
+
 start_memcached() {
     ensure_pkg memcached memcached
     if port_open 11211; then
@@ -284,6 +333,7 @@ main() {
     start_postgres
     start_mariadb
     start_memcached
+    start_etcd
     setup_python_clients
 }
 

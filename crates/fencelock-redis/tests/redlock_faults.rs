@@ -226,25 +226,29 @@ async fn an_instance_restarted_empty_during_a_hold_cannot_make_tokens_go_backwar
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_come_from_the_largest_fence_of_the_majority() {
-    // The max-register, without the clock: raise one instance's fence far
-    // beyond any clock; the next grant's token must exceed it.
+    // The max-register, without the clock: raise the fence of a majority far
+    // beyond any clock; every later majority meets one of them (a grant listens
+    // to the first majority that answers, so a fence on one instance alone may
+    // go unheard), and the next grant's token must exceed it.
     let five = Five::start();
     let url = five.url();
     let locker = Locker::new(RedlockBackend::connect(&url).await.unwrap());
     let g = locker.lock("k").acquire().await.unwrap();
     g.release().await.unwrap();
     let ahead: u64 = 9_000_000_000_000_000;
-    let mut c = redis::Client::open(format!("redis://127.0.0.1:{}", five.ports[2]).as_str())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let _: () = redis::cmd("SET")
-        .arg("fencelock:{k}:fence")
-        .arg(ahead)
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    for i in [0, 2, 4] {
+        let mut c = redis::Client::open(format!("redis://127.0.0.1:{}", five.ports[i]).as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let _: () = redis::cmd("SET")
+            .arg("fencelock:{k}:fence")
+            .arg(ahead)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
     let g = locker.lock("k").acquire().await.unwrap();
     assert!(
         g.token().unwrap().get() > ahead,
@@ -254,7 +258,6 @@ async fn tokens_come_from_the_largest_fence_of_the_majority() {
     let t = g.token().unwrap();
     g.release().await.unwrap();
     // Written back to a majority: the next grant is larger still, even without instance 2.
-    drop(c);
     let mut five = five;
     five.kill(2);
     let g = locker.lock("k").acquire().await.unwrap();
