@@ -238,16 +238,17 @@ SQL
     say mariadb 127.0.0.1:3306 "$status"
 }
 
-# etcd_member NAME CLIENT_PORT PEER_PORT CLUSTER: one etcd member on loopback,
-# started from an empty data directory.
+# etcd_member NAME CLIENT_PORT PEER_PORT CLUSTER TOKEN: one etcd member on
+# loopback, started from an empty data directory (TOKEN: the same for every
+# member of one cluster).
 etcd_member() {
-    local name=$1 cport=$2 pport=$3 cluster=$4 dir="$STATE_DIR/etcd-$1"
+    local name=$1 cport=$2 pport=$3 cluster=$4 token=$5 dir="$STATE_DIR/etcd-$1"
     rm -rf "$dir"
     mkdir -p "$dir"
     nohup etcd --name "$name" --data-dir "$dir/data" \
         --listen-client-urls "http://127.0.0.1:$cport" --advertise-client-urls "http://127.0.0.1:$cport" \
         --listen-peer-urls "http://127.0.0.1:$pport" --initial-advertise-peer-urls "http://127.0.0.1:$pport" \
-        --initial-cluster "$cluster" --initial-cluster-state new --initial-cluster-token "fencelock-$name" \
+        --initial-cluster "$cluster" --initial-cluster-state new --initial-cluster-token "$token" \
         >"$dir/etcd.log" 2>&1 &
     echo $! >"$STATE_DIR/etcd-$name.pid"
 }
@@ -262,7 +263,7 @@ start_etcd() {
     if port_open 2379; then
         say etcd 127.0.0.1:2379 "already running"
     else
-        etcd_member s1 2379 2380 "s1=http://127.0.0.1:2380"
+        etcd_member s1 2379 2380 "s1=http://127.0.0.1:2380" fencelock-s1
         wait_port etcd 2379
         say etcd 127.0.0.1:2379 started
     fi
@@ -273,18 +274,22 @@ start_etcd() {
     local cluster="e1=http://127.0.0.1:2480,e2=http://127.0.0.1:2580,e3=http://127.0.0.1:2680" m
     for m in "e1 2479 2480" "e2 2579 2580" "e3 2679 2680"; do
         # shellcheck disable=SC2086
-        etcd_member $m "$cluster"
+        etcd_member $m "$cluster" fencelock-cluster
     done
     wait_port "etcd cluster" 2479
     wait_port "etcd cluster" 2579
     wait_port "etcd cluster" 2679
     local i
     for ((i = 0; i < 100; i++)); do
-        ETCDCTL_API=3 etcdctl --endpoints 127.0.0.1:2479,127.0.0.1:2579,127.0.0.1:2679 \
-            endpoint health >/dev/null 2>&1 && break
+        if ETCDCTL_API=3 etcdctl --endpoints 127.0.0.1:2479,127.0.0.1:2579,127.0.0.1:2679 \
+            endpoint health >/dev/null 2>&1; then
+            say "etcd cluster" 127.0.0.1:2479,2579,2679 started
+            return
+        fi
         sleep 0.2
     done
-    say "etcd cluster" 127.0.0.1:2479,2579,2679 started
+    echo "etcd cluster on 2479/2579/2679 is not healthy; see $STATE_DIR/etcd-e*/etcd.log" >&2
+    return 1
 }
 
 start_memcached() {

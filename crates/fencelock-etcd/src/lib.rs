@@ -1,0 +1,945 @@
+//! The etcd backend of fencelock (`etcd://h1:p1,h2:p2,h3:p3`): the lock of
+//! Go's `go.etcd.io/etcd/client/v3/concurrency.Mutex`, in its key layout, so
+//! that `etcdctl lock` and Go services share locks with fencelock.
+//!
+//! # Algorithm
+//!
+//! Each backend holds one etcd **lease** (Go's session; `session_ttl`, 10 s by
+//! default), kept alive by one task. A request puts the key
+//! `<prefix><key>/<lease id in hex>` attached to the lease, if absent (one
+//! transaction that also reads the lock's keys), and the lowest create
+//! revision wins:
+//!
+//! - a writer holds when its key is first; otherwise it watches the deletion of
+//!   **only the key just before it** (the greatest create revision below its
+//!   own) — a release wakes one waiter, not the herd;
+//! - a reader holds when no writer is before it, else it watches the last
+//!   writer before it;
+//! - a permit of N holds when only permits are before it, fewer than N; blocked
+//!   by the count it watches the lock's deletions.
+//!
+//! Keys fencelock did not write (`etcdctl lock`, Go's `Mutex`, whose value is
+//! empty) are writers. A waiter's watch starts at the revision of the read that
+//! found it blocked, so a deletion in between is never missed; it also looks
+//! again now and then, so a lost watch costs a delay, never a hang. A waiter
+//! that times out or is cancelled deletes its key. More holds of one key by
+//! this backend at once (readers, permits) add `-<n>` to the key.
+//!
+//! # Leases and fencing
+//!
+//! The keepalive is the renewal of every hold; the watchdog's renew checks (one
+//! transaction per tick) that each key still exists with its create revision.
+//! A lease that expires — or whose keepalives fail past its TTL — makes its
+//! holds lost (`lost()` fires) and is never silently replaced under them: later
+//! acquires take a new lease. A hold's TTL also applies on this client: a hold
+//! nobody renews for its TTL (a leaked guard, a fixed `.lease()`) is deleted,
+//! so it frees the lock like on every other backend. The fencing token is the
+//! key's create revision, which rises with every write to the cluster.
+//! Reentrancy is kept per owner in this client, with the owner's key.
+#![warn(missing_docs)]
+
+mod options;
+mod queue;
+mod session;
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, GetResponse, PutOptions,
+    SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
+};
+use fencelock_core::{
+    Backend, Capabilities, Error, FencingToken, Grant, HolderInfo, Key, LeaseRef, LockInfo, Mode,
+    Owner, Released, Renewal, Request, Result, async_trait, redact_url,
+};
+use tokio::time::Instant;
+
+pub use options::EtcdOptions;
+use queue::{Node, Wait, blocker};
+use session::Session;
+
+const NAME: &str = "etcd";
+
+/// How often this client looks for holds whose TTL ran out unrenewed.
+const JANITOR_TICK: Duration = Duration::from_millis(50);
+
+/// A waiter reads its queue again after this long without a watch event.
+const RECHECK: Duration = Duration::from_secs(5);
+
+/// Pause between tries of a request that met a transient failure (a leader
+/// election, a member going away).
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
+
+/// Locks in etcd. Clones share one lease.
+#[derive(Clone)]
+pub struct EtcdBackend {
+    inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) client: Client,
+    pub(crate) options: EtcdOptions,
+    address: String,
+    pub(crate) session: Session,
+    holds: Mutex<HashMap<(Key, Owner), Held>>,
+    /// Keys this client created and has not yet seen deleted: a name is not
+    /// used again before its key is gone.
+    names: Mutex<HashSet<String>>,
+    /// Keys to delete that could not be deleted yet.
+    orphans: Mutex<Vec<String>>,
+    next_name: AtomicU64,
+    watch_events: AtomicU64,
+}
+
+/// A hold of this client.
+struct Held {
+    node: String,
+    token: i64,
+    lease: i64,
+    holds: u32,
+    mode: Mode,
+    ttl: Duration,
+    /// The hold is deleted if not renewed by then.
+    renewed_until: Instant,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Failures worth another try: no leader for a moment, a member gone.
+fn transient(e: &etcd_client::Error) -> bool {
+    // gRPC status codes: CANCELLED, DEADLINE_EXCEEDED, UNAVAILABLE.
+    const RETRYABLE: [i32; 3] = [1, 4, 14];
+    match e {
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        etcd_client::Error::GRpcStatus(s) => {
+            RETRYABLE.contains(&(s.code() as i32)) || s.message().contains("leader")
+        }
+        _ => false,
+    }
+}
+
+fn etcd_err(e: etcd_client::Error, addr: &str) -> Error {
+    match &e {
+        etcd_client::Error::GRpcStatus(s)
+            if s.message().contains("authentication") || s.message().contains("permission") =>
+        {
+            Error::connection(
+                NAME,
+                addr,
+                format!("{} (check the user and password in the URL)", s.message()),
+            )
+        }
+        etcd_client::Error::GRpcStatus(s) if transient(&e) => {
+            Error::connection(NAME, addr, s.message())
+        }
+        _ if transient(&e) => Error::connection(NAME, addr, e),
+        _ => Error::backend(NAME, e),
+    }
+}
+
+/// Deletes a queue key if the acquire that created it is dropped mid-way.
+struct PendingNode {
+    inner: Option<Arc<Inner>>,
+    key: String,
+}
+
+impl PendingNode {
+    fn keep(mut self) {
+        self.inner = None;
+    }
+}
+
+impl Drop for PendingNode {
+    fn drop(&mut self) {
+        if let Some(inner) = self.inner.take() {
+            let key = std::mem::take(&mut self.key);
+            if let Ok(h) = tokio::runtime::Handle::try_current() {
+                h.spawn(async move { inner.delete_node(&key).await });
+            } else {
+                lock(&inner.orphans).push(key);
+            }
+        }
+    }
+}
+
+impl Inner {
+    fn err(&self, e: etcd_client::Error) -> Error {
+        etcd_err(e, &self.address)
+    }
+
+    /// Runs one request with the request timeout, trying again after
+    /// transient failures for up to one more request timeout. Requests are
+    /// written so that running one twice does no harm.
+    pub(crate) async fn call<T, F, Fut>(&self, mut op: F) -> Result<T>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let give_up = Instant::now() + self.options.request_timeout;
+        loop {
+            match tokio::time::timeout(self.options.request_timeout, op(self.client.clone())).await
+            {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) if transient(&e) && Instant::now() + RETRY_PAUSE < give_up => {
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+                Ok(Err(e)) => return Err(self.err(e)),
+                Err(_) => {
+                    return Err(Error::connection(
+                        NAME,
+                        &self.address,
+                        format!(
+                            "no answer within the request timeout of {:?}",
+                            self.options.request_timeout
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+
+    /// The prefix of a lock's keys: `<prefix><key>/`.
+    fn lock_prefix(&self, key: &str) -> String {
+        format!("{}{key}/", self.options.prefix)
+    }
+
+    /// A key name for a new hold of `lease` under `lock_prefix`, reserved
+    /// until that key is seen deleted.
+    fn reserve_name(&self, lock_prefix: &str, lease: i64) -> String {
+        let mut names = lock(&self.names);
+        let mut name = format!("{lock_prefix}{lease:x}");
+        while names.contains(&name) {
+            let n = self.next_name.fetch_add(1, Ordering::Relaxed) + 1;
+            name = format!("{lock_prefix}{lease:x}-{n}");
+        }
+        names.insert(name.clone());
+        name
+    }
+
+    /// Deletes one of this client's keys; a failure is retried later.
+    async fn delete_node(&self, key: &str) {
+        let k = key.to_string();
+        match self
+            .call(|mut c| {
+                let k = k.clone();
+                async move { c.delete(k, None).await }
+            })
+            .await
+        {
+            Ok(_) => {
+                lock(&self.names).remove(key);
+            }
+            Err(_) => lock(&self.orphans).push(key.to_string()),
+        }
+    }
+
+    /// The lock's keys in create-revision order, and the revision of the read.
+    async fn queue(&self, lock_prefix: &str) -> Result<(Vec<Node>, i64)> {
+        let p = lock_prefix.to_string();
+        let resp = self
+            .call(|mut c| {
+                let p = p.clone();
+                async move { c.get(p, Some(range())).await }
+            })
+            .await?;
+        Ok(nodes(lock_prefix, &resp))
+    }
+
+    /// Puts `node` (if absent) attached to `lease`, reading the queue in the
+    /// same transaction. Returns the queue and the read's revision.
+    async fn enqueue(
+        &self,
+        lock_prefix: &str,
+        node: &str,
+        lease: i64,
+        value: String,
+    ) -> Result<(Vec<Node>, i64)> {
+        let txn = Txn::new()
+            .when([Compare::create_revision(node, CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(node, value, Some(PutOptions::new().with_lease(lease))),
+                TxnOp::get(lock_prefix, Some(range())),
+            ])
+            .or_else([TxnOp::get(lock_prefix, Some(range()))]);
+        let resp = self
+            .call(|mut c| {
+                let t = txn.clone();
+                async move { c.txn(t).await }
+            })
+            .await?;
+        let read = resp.op_responses().into_iter().find_map(|r| match r {
+            TxnOpResponse::Get(g) => Some(g),
+            _ => None,
+        });
+        let Some(read) = read else {
+            return Err(Error::backend(NAME, "a lock transaction returned no read"));
+        };
+        Ok(nodes(lock_prefix, &read))
+    }
+
+    /// Waits until `node` holds (`Some(when it was seen holding)`) or
+    /// `deadline` passes (`None`).
+    async fn wait_turn(
+        &self,
+        lock_prefix: &str,
+        node: &str,
+        permits: u32,
+        deadline: Option<Instant>,
+        mut queue: (Vec<Node>, i64),
+        mut read_at: Instant,
+    ) -> Result<Option<(Instant, i64)>> {
+        loop {
+            let (nodes, rev) = &queue;
+            let Some(index) = nodes.iter().position(|n| n.key == node) else {
+                return Err(Error::backend(
+                    NAME,
+                    format!(
+                        "the queue key {node} vanished while waiting (its lease expired, or it was deleted)"
+                    ),
+                ));
+            };
+            let (watch_key, options) = match blocker(nodes, index, permits) {
+                None => return Ok(Some((read_at, nodes[index].rev))),
+                Some(_) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
+                Some(Wait::Node(n)) => (n.key.clone(), WatchOptions::new()),
+                Some(Wait::Deletes) => (lock_prefix.to_string(), WatchOptions::new().with_prefix()),
+            };
+            let options = options
+                .with_start_revision(rev + 1)
+                .with_filters([WatchFilterType::NoPut]);
+            let until = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d.min(Instant::now() + RECHECK)).await,
+                    None => tokio::time::sleep(RECHECK).await,
+                }
+            };
+            tokio::select! {
+                woke = self.watch_delete(watch_key, options) => {
+                    if woke {
+                        self.watch_events.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        tokio::time::sleep(RETRY_PAUSE).await;
+                    }
+                }
+                _ = until => {}
+            }
+            read_at = Instant::now();
+            queue = self.queue(lock_prefix).await?;
+        }
+    }
+
+    /// Returns `true` when a deletion under the watch happened, `false` if the
+    /// watch failed (the caller looks again either way).
+    async fn watch_delete(&self, key: String, options: WatchOptions) -> bool {
+        let Ok(mut stream) = self.client.clone().watch(key, Some(options)).await else {
+            return false;
+        };
+        loop {
+            match stream.message().await {
+                Ok(Some(resp)) => {
+                    if resp
+                        .events()
+                        .iter()
+                        .any(|e| e.event_type() == EventType::Delete)
+                    {
+                        return true;
+                    }
+                    if resp.canceled() {
+                        return false;
+                    }
+                }
+                Ok(None) | Err(_) => return false,
+            }
+        }
+    }
+
+    /// Deletes holds nobody renewed within their TTL, retries orphans, revokes
+    /// leases given up on.
+    async fn sweep(&self) {
+        let now = Instant::now();
+        let expired: Vec<String> = {
+            let mut holds = lock(&self.holds);
+            let gone: Vec<(Key, Owner)> = holds
+                .iter()
+                .filter(|(_, h)| h.renewed_until <= now)
+                .map(|(k, _)| k.clone())
+                .collect();
+            gone.into_iter()
+                .filter_map(|k| holds.remove(&k))
+                .map(|h| h.node)
+                .collect()
+        };
+        let orphans = std::mem::take(&mut *lock(&self.orphans));
+        for key in expired.into_iter().chain(orphans) {
+            self.delete_node(&key).await;
+        }
+        if !lock(&self.session.dead).is_empty() {
+            self.revoke_dead().await;
+        }
+    }
+
+    /// The TTL a hold of `ttl` gets on `lease`, counted from `from`: never
+    /// beyond the lease's own validity.
+    fn grant_ttl(&self, ttl: Duration, lease: &session::Lease, from: Instant) -> Option<Duration> {
+        let left = lease.valid_until.checked_duration_since(from)?;
+        (lease.alive && !left.is_zero()).then(|| ttl.min(left))
+    }
+
+    fn lease_overdue(&self) -> Error {
+        Error::connection(
+            NAME,
+            &self.address,
+            "the etcd lease's keepalives are overdue; its holds may be about to expire",
+        )
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Revoking the lease deletes every key of this client at once.
+        let lease = self.session.lease();
+        if lease.alive
+            && let Ok(h) = tokio::runtime::Handle::try_current()
+        {
+            let mut c = self.client.clone();
+            let wait = self.options.request_timeout;
+            h.spawn(async move {
+                let _ = tokio::time::timeout(wait, c.lease_revoke(lease.id)).await;
+            });
+        }
+    }
+}
+
+/// The read of a lock's queue: every key under its prefix, oldest first.
+fn range() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+}
+
+/// The direct children of `lock_prefix` in a range read, and its revision.
+fn nodes(lock_prefix: &str, resp: &GetResponse) -> (Vec<Node>, i64) {
+    let rev = resp.header().map_or(0, |h| h.revision());
+    let nodes = resp
+        .kvs()
+        .iter()
+        .filter_map(|kv| {
+            queue::parse(
+                lock_prefix,
+                kv.key(),
+                kv.value(),
+                kv.create_revision(),
+                kv.lease(),
+            )
+        })
+        .collect();
+    (nodes, rev)
+}
+
+impl EtcdBackend {
+    /// Connects to the cluster an `etcd://[user:pass@]h1:p1,h2:p2[?opts]` URL
+    /// names (`etcds://` for TLS; options in [`EtcdOptions`]) and takes the
+    /// backend's lease.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] for a bad URL; [`Error::Connection`] naming the
+    /// address if no server answers within the connect timeout.
+    pub async fn connect(url: &str) -> Result<EtcdBackend> {
+        let parsed = options::parse_url(url)?;
+        let address = redact_url(url.split('?').next().unwrap_or(url));
+        let mut connect = ConnectOptions::new()
+            .with_connect_timeout(parsed.options.connect_timeout)
+            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
+            .with_keep_alive_while_idle(true);
+        if let Some((user, password)) = parsed.user {
+            connect = connect.with_user(user, password);
+        }
+        if let Some(tls) = &parsed.tls {
+            connect = with_tls(connect, tls)?;
+        }
+        let client = tokio::time::timeout(
+            parsed.options.connect_timeout,
+            Client::connect(&parsed.endpoints, Some(connect)),
+        )
+        .await
+        .map_err(|_| {
+            Error::connection(
+                NAME,
+                &address,
+                "no server answered within the connect timeout",
+            )
+        })?
+        .map_err(|e| etcd_err(e, &address))?;
+        let first = session::Lease {
+            id: 0,
+            ttl: parsed.options.session_ttl,
+            valid_until: Instant::now(),
+            alive: false,
+        };
+        let inner = Arc::new(Inner {
+            client,
+            options: parsed.options,
+            address,
+            session: Session::new(first),
+            holds: Mutex::new(HashMap::new()),
+            names: Mutex::new(HashSet::new()),
+            orphans: Mutex::new(Vec::new()),
+            next_name: AtomicU64::new(0),
+            watch_events: AtomicU64::new(0),
+        });
+        let granted = tokio::time::timeout(inner.options.connect_timeout, inner.grant_lease())
+            .await
+            .map_err(|_| {
+                Error::connection(
+                    NAME,
+                    &inner.address,
+                    "no server answered within the connect timeout",
+                )
+            })??;
+        *lock(&inner.session.current) = granted;
+        tokio::spawn(session::keep_alive(Arc::downgrade(&inner)));
+        tokio::spawn(janitor(Arc::downgrade(&inner)));
+        Ok(EtcdBackend { inner })
+    }
+
+    /// The options in force.
+    pub fn options(&self) -> &EtcdOptions {
+        &self.inner.options
+    }
+
+    /// The id of the etcd lease new holds attach to (for tools and tests).
+    pub fn lease_id(&self) -> i64 {
+        self.inner.session.lease().id
+    }
+
+    /// How many watch events woke this client's waiters so far (a herd shows as
+    /// many events per release).
+    pub fn watch_events(&self) -> u64 {
+        self.inner.watch_events.load(Ordering::Relaxed)
+    }
+
+    /// The queue of `key`: its etcd keys in create-revision order (holders
+    /// first), for tools and tests.
+    ///
+    /// # Errors
+    ///
+    /// Connection errors.
+    pub async fn queue(&self, key: &Key) -> Result<Vec<String>> {
+        let (nodes, _) = self
+            .inner
+            .queue(&self.inner.lock_prefix(key.as_str()))
+            .await?;
+        Ok(nodes.into_iter().map(|n| n.key).collect())
+    }
+
+    /// Deletes every key of `key`'s queue (an operator breaking a lock; the
+    /// testkit's "stolen lease").
+    ///
+    /// # Errors
+    ///
+    /// Connection errors.
+    pub async fn force_release(&self, key: &Key) -> Result<()> {
+        for node in self.queue(key).await? {
+            self.inner
+                .call(|mut c| {
+                    let k = node.clone();
+                    async move { c.delete(k, None).await }
+                })
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// A hold this client already has for the request's owner, if any.
+    fn reenter(&self, req: &Request, requested_at: Instant) -> Result<Option<Grant>> {
+        let lease = self.inner.session.lease();
+        let mut holds = lock(&self.inner.holds);
+        let Some(h) = holds.get_mut(&(req.key.clone(), req.owner.clone())) else {
+            return Ok(None);
+        };
+        if h.mode != req.mode {
+            return Err(Error::config(format!(
+                "owner {:?} already holds {:?} as {}; a reentrant acquire must ask for the same mode (asked {})",
+                req.owner.as_str(),
+                req.key.as_str(),
+                h.mode,
+                req.mode
+            )));
+        }
+        if h.lease != lease.id {
+            // Its lease expired: the watchdog reports it lost; a new hold is made.
+            return Ok(None);
+        }
+        let Some(ttl) = self.inner.grant_ttl(req.ttl, &lease, requested_at) else {
+            return Err(self.inner.lease_overdue());
+        };
+        if req.reentrant {
+            h.holds += 1;
+        }
+        h.renewed_until = h.renewed_until.max(Instant::now() + req.ttl);
+        Ok(Some(
+            Grant::new(
+                Some(FencingToken::new(h.token as u64)),
+                ttl,
+                h.holds,
+                requested_at,
+            )
+            .with_handle(h.node.clone()),
+        ))
+    }
+}
+
+#[cfg(feature = "tls")]
+fn with_tls(connect: ConnectOptions, tls: &options::Tls) -> Result<ConnectOptions> {
+    use etcd_client::{Certificate, Identity, TlsOptions};
+    let read = |what: &str, path: &str| {
+        std::fs::read(path).map_err(|e| Error::config(format!("etcd TLS {what}={path}: {e}")))
+    };
+    let mut options = TlsOptions::new();
+    if let Some(ca) = &tls.ca {
+        options = options.ca_certificate(Certificate::from_pem(read("ca", ca)?));
+    }
+    if let (Some(cert), Some(key)) = (&tls.cert, &tls.key) {
+        options = options.identity(Identity::from_pem(read("cert", cert)?, read("key", key)?));
+    }
+    if let Some(domain) = &tls.domain {
+        options = options.domain_name(domain.clone());
+    }
+    Ok(connect.with_tls(options))
+}
+
+#[cfg(not(feature = "tls"))]
+fn with_tls(_: ConnectOptions, _: &options::Tls) -> Result<ConnectOptions> {
+    Err(Error::config(
+        "etcds:// needs TLS support: build fencelock with the `etcd-tls` feature",
+    ))
+}
+
+async fn janitor(inner: Weak<Inner>) {
+    loop {
+        tokio::time::sleep(JANITOR_TICK).await;
+        let Some(inner) = inner.upgrade() else { return };
+        inner.sweep().await;
+    }
+}
+
+#[async_trait]
+impl Backend for EtcdBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::NONE
+            .with_fencing(true)
+            .with_shared(true)
+            .with_semaphore(true)
+            .with_reentrant(true)
+            .with_native_wait(true)
+            .with_ttl(true)
+            .with_inspect(true)
+            .with_fair(true)
+            .with_cross_process(true)
+    }
+
+    fn address(&self) -> String {
+        self.inner.address.clone()
+    }
+
+    fn default_ttl(&self) -> Option<Duration> {
+        self.inner.options.default_ttl
+    }
+
+    async fn try_acquire(&self, req: &Request) -> Result<Option<Grant>> {
+        self.acquire(req, Some(Instant::now())).await
+    }
+
+    async fn acquire(&self, req: &Request, deadline: Option<Instant>) -> Result<Option<Grant>> {
+        let requested_at = Instant::now();
+        if let Some(g) = self.reenter(req, requested_at)? {
+            return Ok(Some(g));
+        }
+        let inner = &self.inner;
+        let lease = inner.live_lease().await?;
+        let lock_prefix = inner.lock_prefix(req.key.as_str());
+        let node = inner.reserve_name(&lock_prefix, lease.id);
+        let pending = PendingNode {
+            inner: Some(inner.clone()),
+            key: node.clone(),
+        };
+        let permits = match req.mode {
+            Mode::Semaphore { permits } => permits,
+            _ => 0,
+        };
+        let sent = Instant::now();
+        let queue = inner
+            .enqueue(
+                &lock_prefix,
+                &node,
+                lease.id,
+                queue::value(req.mode, &req.owner),
+            )
+            .await?;
+        let Some((seen_at, rev)) = inner
+            .wait_turn(&lock_prefix, &node, permits, deadline, queue, sent)
+            .await?
+        else {
+            drop(pending); // deletes the key
+            return Ok(None);
+        };
+        // The hold's validity counts from the read that showed it holding, and
+        // never outlasts what is known of the lease.
+        let lease = inner.session.lease();
+        let Some(ttl) = inner.grant_ttl(req.ttl, &lease, seen_at) else {
+            return Err(inner.lease_overdue());
+        };
+        pending.keep();
+        lock(&inner.holds).insert(
+            (req.key.clone(), req.owner.clone()),
+            Held {
+                node: node.clone(),
+                token: rev,
+                lease: lease.id,
+                holds: 1,
+                mode: req.mode,
+                ttl: req.ttl,
+                renewed_until: Instant::now() + req.ttl,
+            },
+        );
+        Ok(Some(
+            Grant::new(Some(FencingToken::new(rev as u64)), ttl, 1, seen_at).with_handle(node),
+        ))
+    }
+
+    async fn renew(&self, leases: &[LeaseRef]) -> Result<Vec<Renewal>> {
+        let inner = &self.inner;
+        let start = Instant::now();
+        let lease = inner.session.lease();
+        let expired = "the etcd lease expired (keepalives failed past its TTL); its keys are gone";
+        // Which leases still have a key to check: (node, create revision).
+        let checks: Vec<std::result::Result<(String, i64), &str>> = {
+            let holds = lock(&inner.holds);
+            leases
+                .iter()
+                .map(|l| match holds.get(&(l.key.clone(), l.owner.clone())) {
+                    None => Err(
+                        "this client no longer holds it (released, or its TTL ran out unrenewed)",
+                    ),
+                    Some(h) if h.lease != lease.id || !lease.alive => Err(expired),
+                    Some(h) => Ok((h.node.clone(), h.token)),
+                })
+                .collect()
+        };
+        let gets: Vec<TxnOp> = checks
+            .iter()
+            .flatten()
+            .map(|(node, _)| TxnOp::get(node.as_str(), Some(GetOptions::new().with_keys_only())))
+            .collect();
+        let mut found = Vec::new();
+        if !gets.is_empty() {
+            let txn = Txn::new().and_then(gets);
+            let resp = inner
+                .call(|mut c| {
+                    let t = txn.clone();
+                    async move { c.txn(t).await }
+                })
+                .await?;
+            found = resp
+                .op_responses()
+                .into_iter()
+                .map(|r| match r {
+                    TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.create_revision()),
+                    _ => None,
+                })
+                .collect();
+        }
+        let ttl_left = inner.grant_ttl(Duration::MAX, &lease, start);
+        let mut found = found.into_iter();
+        let mut out = Vec::with_capacity(leases.len());
+        let mut holds = lock(&inner.holds);
+        for (l, check) in leases.iter().zip(checks) {
+            let id = (l.key.clone(), l.owner.clone());
+            let reason = match check {
+                Err(reason) => reason,
+                Ok((_, token)) if found.next().flatten() == Some(token) => {
+                    let Some(left) = ttl_left else {
+                        return Err(inner.lease_overdue());
+                    };
+                    if let Some(h) = holds.get_mut(&id) {
+                        h.renewed_until = start + h.ttl;
+                        out.push(Renewal::Held {
+                            ttl: h.ttl.min(left),
+                        });
+                        continue;
+                    }
+                    "this client no longer holds it (released meanwhile)"
+                }
+                Ok(_) => "its key is gone (deleted, or its lease expired)",
+            };
+            if let Some(h) = holds.remove(&id) {
+                lock(&inner.orphans).push(h.node);
+            }
+            out.push(Renewal::Lost {
+                reason: reason.into(),
+            });
+        }
+        Ok(out)
+    }
+
+    async fn release(&self, lease: &LeaseRef) -> Result<Released> {
+        let inner = &self.inner;
+        let id = (lease.key.clone(), lease.owner.clone());
+        let not_held = || Error::NotHeld {
+            key: lease.key.to_string(),
+            owner: lease.owner.to_string(),
+        };
+        let (node, token) = {
+            let mut holds = lock(&inner.holds);
+            let h = holds.get_mut(&id).ok_or_else(not_held)?;
+            if h.holds > 1 {
+                h.holds -= 1;
+                return Ok(Released::new(h.holds));
+            }
+            let h = holds.remove(&id).ok_or_else(not_held)?;
+            (h.node, h.token)
+        };
+        // Owner-checked: only the key this hold created goes.
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                node.as_str(),
+                CompareOp::Equal,
+                token,
+            )])
+            .and_then([TxnOp::delete(node.as_str(), None)]);
+        match inner
+            .call(|mut c| {
+                let t = txn.clone();
+                async move { c.txn(t).await }
+            })
+            .await
+        {
+            Ok(resp) => {
+                lock(&inner.names).remove(&node);
+                if resp.succeeded() {
+                    Ok(Released::new(0))
+                } else {
+                    // Gone already; a later key of the same name is not ours to
+                    // delete, and the name may be used again.
+                    Err(not_held())
+                }
+            }
+            Err(e) => {
+                // The janitor keeps trying; the lease's end deletes it anyway.
+                lock(&inner.orphans).push(node);
+                Err(e)
+            }
+        }
+    }
+
+    async fn inspect(&self, key: &Key) -> Result<Option<LockInfo>> {
+        let inner = &self.inner;
+        let (nodes, _) = inner.queue(&inner.lock_prefix(key.as_str())).await?;
+        if nodes.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(LockInfo::new(
+            key.as_str(),
+            holders(inner, &nodes),
+            None,
+        )))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
+        let inner = &self.inner;
+        let from = format!("{}{prefix}", inner.options.prefix);
+        let resp = inner
+            .call(|mut c| {
+                let f = from.clone();
+                async move { c.get(f, Some(range())).await }
+            })
+            .await?;
+        // Group keys by lock: `<prefix><key>/<leaf>`.
+        let mut locks: HashMap<String, Vec<Node>> = HashMap::new();
+        for kv in resp.kvs() {
+            let Ok(full) = std::str::from_utf8(kv.key()) else {
+                continue;
+            };
+            let Some((name, _)) = full
+                .strip_prefix(inner.options.prefix.as_str())
+                .and_then(|rest| rest.rsplit_once('/'))
+            else {
+                continue;
+            };
+            let lock_prefix = inner.lock_prefix(name);
+            if let Some(n) = queue::parse(
+                &lock_prefix,
+                kv.key(),
+                kv.value(),
+                kv.create_revision(),
+                kv.lease(),
+            ) {
+                locks.entry(name.to_string()).or_default().push(n);
+            }
+        }
+        let mut out: Vec<LockInfo> = locks
+            .into_iter()
+            .filter_map(|(name, nodes)| {
+                let holders = holders(inner, &nodes);
+                (!holders.is_empty()).then(|| LockInfo::new(name, holders, None))
+            })
+            .collect();
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
+    }
+}
+
+/// The nodes of a queue that hold, as holder rows.
+fn holders(inner: &Inner, nodes: &[Node]) -> Vec<HolderInfo> {
+    let local: HashMap<String, u32> = lock(&inner.holds)
+        .values()
+        .map(|h| (h.node.clone(), h.holds))
+        .collect();
+    nodes
+        .iter()
+        .enumerate()
+        .filter(|(i, n)| blocker(nodes, *i, n.permits).is_none())
+        .map(|(_, n)| {
+            HolderInfo::new(
+                n.owner.clone(),
+                n.mode(),
+                local.get(&n.key).copied().unwrap_or(1),
+                Some(FencingToken::new(n.rev as u64)),
+                None,
+            )
+        })
+        .collect()
+}
+
+impl std::fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("address", &self.inner.address)
+            .field("options", &self.inner.options)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn bad_urls_fail_before_any_io() {
+        let e = EtcdBackend::connect("etcd://h?colour=red")
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::InvalidConfig(_)), "{e}");
+    }
+}

@@ -1,0 +1,192 @@
+//! The queue of one lock: its nodes (the keys under `<prefix><key>/`) in
+//! create-revision order, what each stands for, and whom a waiter waits for.
+
+use fencelock_core::{Mode, Owner};
+
+/// Marks a node value written by fencelock: `fencelock1 <kind> <owner>`.
+const TAG: &str = "fencelock1";
+
+/// What a node stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A writer: fencelock's exclusive mode, and every node fencelock did not
+    /// write (`etcdctl lock`, Go's `concurrency.Mutex`).
+    Exclusive,
+    /// A reader.
+    Shared,
+    /// A semaphore permit.
+    Permit,
+}
+
+/// One node of a lock's queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Node {
+    /// The full etcd key.
+    pub(crate) key: String,
+    /// Its create revision: the queue order and the holder's fencing token.
+    pub(crate) rev: i64,
+    /// The etcd lease it is attached to.
+    pub(crate) lease: i64,
+    pub(crate) kind: Kind,
+    /// The permits of a semaphore node (0 otherwise).
+    pub(crate) permits: u32,
+    /// Who holds it; a foreign node is named by its lease.
+    pub(crate) owner: String,
+}
+
+impl Node {
+    /// The mode this node holds in.
+    pub(crate) fn mode(&self) -> Mode {
+        match self.kind {
+            Kind::Exclusive => Mode::Exclusive,
+            Kind::Shared => Mode::Shared,
+            Kind::Permit => Mode::Semaphore {
+                permits: self.permits,
+            },
+        }
+    }
+}
+
+/// The value fencelock writes into its node.
+pub(crate) fn value(mode: Mode, owner: &Owner) -> String {
+    match mode {
+        Mode::Shared => format!("{TAG} shared {owner}"),
+        Mode::Semaphore { permits } => format!("{TAG} permits={permits} {owner}"),
+        _ => format!("{TAG} exclusive {owner}"),
+    }
+}
+
+/// Reads one key of the range under `lock_prefix`; `None` for keys deeper down
+/// (the nodes of a lock whose name continues with `/`).
+pub(crate) fn parse(
+    lock_prefix: &str,
+    key: &[u8],
+    value: &[u8],
+    rev: i64,
+    lease: i64,
+) -> Option<Node> {
+    let key = std::str::from_utf8(key).ok()?;
+    let leaf = key.strip_prefix(lock_prefix)?;
+    if leaf.is_empty() || leaf.contains('/') {
+        return None;
+    }
+    let foreign = || (Kind::Exclusive, 0, format!("etcd lease {lease:x}"));
+    let (kind, permits, owner) = match std::str::from_utf8(value)
+        .ok()
+        .and_then(|v| v.strip_prefix(TAG)?.strip_prefix(' '))
+        .and_then(|v| v.split_once(' '))
+    {
+        Some(("exclusive", owner)) => (Kind::Exclusive, 0, owner.to_string()),
+        Some(("shared", owner)) => (Kind::Shared, 0, owner.to_string()),
+        Some((p, owner)) => match p.strip_prefix("permits=").and_then(|n| n.parse().ok()) {
+            Some(n) => (Kind::Permit, n, owner.to_string()),
+            None => foreign(),
+        },
+        None => foreign(),
+    };
+    Some(Node {
+        key: key.to_string(),
+        rev,
+        lease,
+        kind,
+        permits,
+        owner,
+    })
+}
+
+/// What the node at `index` waits for before it holds.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Wait<'a> {
+    /// The deletion of this node (the nearest one before that blocks it): one
+    /// release wakes one waiter.
+    Node(&'a Node),
+    /// Any deletion before it (a semaphore full of permits).
+    Deletes,
+}
+
+/// `None` when the node at `index` of `nodes` (sorted by create revision)
+/// holds: a writer when it is first; a reader when no writer is before it; a
+/// permit of `permits` when only permits are before it, fewer than `permits`.
+pub(crate) fn blocker(nodes: &[Node], index: usize, permits: u32) -> Option<Wait<'_>> {
+    let before = &nodes[..index];
+    match nodes[index].kind {
+        Kind::Exclusive => before.last().map(Wait::Node),
+        Kind::Shared => before
+            .iter()
+            .rev()
+            .find(|n| n.kind != Kind::Shared)
+            .map(Wait::Node),
+        Kind::Permit => {
+            if let Some(other) = before.iter().rev().find(|n| n.kind != Kind::Permit) {
+                Some(Wait::Node(other))
+            } else if before.len() < permits as usize {
+                None
+            } else {
+                Some(Wait::Deletes)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue(spec: &[&str]) -> Vec<Node> {
+        spec.iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let rev = i as i64 + 10;
+                parse(
+                    "p/k/",
+                    format!("p/k/{rev:x}").as_bytes(),
+                    v.as_bytes(),
+                    rev,
+                    7,
+                )
+                .unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn values_round_trip_and_foreign_nodes_are_writers() {
+        let o = Owner::new("me 1").unwrap();
+        for mode in [
+            Mode::Exclusive,
+            Mode::Shared,
+            Mode::Semaphore { permits: 3 },
+        ] {
+            let n = parse("p/k/", b"p/k/1", value(mode, &o).as_bytes(), 5, 1).unwrap();
+            assert_eq!((n.mode(), n.owner.as_str()), (mode, "me 1"));
+        }
+        let n = parse("p/k/", b"p/k/694d7a", b"", 5, 0x694d7a).unwrap();
+        assert_eq!(n.kind, Kind::Exclusive);
+        assert_eq!(n.owner, "etcd lease 694d7a");
+        assert!(parse("p/k/", b"p/k/x/694d7a", b"", 5, 1).is_none());
+        assert!(parse("p/k/", b"p/kk/1", b"", 5, 1).is_none());
+    }
+
+    #[test]
+    fn writers_wait_for_their_predecessor_readers_for_the_last_writer() {
+        let w = value(Mode::Exclusive, &Owner::new("w").unwrap());
+        let r = value(Mode::Shared, &Owner::new("r").unwrap());
+        let q = queue(&[&r, &r, &w, &r, "", &r]);
+        assert_eq!(blocker(&q, 0, 0), None);
+        assert_eq!(blocker(&q, 1, 0), None);
+        assert_eq!(blocker(&q, 2, 0), Some(Wait::Node(&q[1])));
+        assert_eq!(blocker(&q, 3, 0), Some(Wait::Node(&q[2])));
+        // A foreign node (etcdctl lock) is a writer.
+        assert_eq!(blocker(&q, 5, 0), Some(Wait::Node(&q[4])));
+    }
+
+    #[test]
+    fn permits_admit_n_and_wait_for_any_release() {
+        let p = value(Mode::Semaphore { permits: 2 }, &Owner::new("p").unwrap());
+        let w = value(Mode::Exclusive, &Owner::new("w").unwrap());
+        let q = queue(&[&p, &p, &p, &w, &p]);
+        assert_eq!(blocker(&q, 1, 2), None);
+        assert_eq!(blocker(&q, 2, 2), Some(Wait::Deletes));
+        assert_eq!(blocker(&q, 4, 2), Some(Wait::Node(&q[3])));
+    }
+}

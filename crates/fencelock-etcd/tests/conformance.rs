@@ -1,0 +1,51 @@
+//! The etcd backend against the conformance suite, on the shared test servers
+//! (scripts/services.sh): standalone on 2379, a 3-member cluster on 2479–2679.
+
+use std::sync::Arc;
+
+use fencelock_core::{Backend, Key, Result, async_trait};
+use fencelock_etcd::EtcdBackend;
+use fencelock_testkit::{Harness, run_conformance};
+
+const STANDALONE: &str = "etcd://127.0.0.1:2379?session_ttl=2s";
+const CLUSTER: &str = "etcd://127.0.0.1:2479,127.0.0.1:2579,127.0.0.1:2679?session_ttl=2s";
+
+struct Etcd {
+    url: &'static str,
+}
+
+#[async_trait]
+impl Harness for Etcd {
+    async fn backend(&self) -> Result<Arc<dyn Backend>> {
+        Ok(Arc::new(EtcdBackend::connect(self.url).await?))
+    }
+
+    async fn steal(&self, key: &Key) -> Result<()> {
+        EtcdBackend::connect(self.url)
+            .await?
+            .force_release(key)
+            .await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_etcd_passes_the_conformance_suite() {
+    let report = run_conformance("etcd", Etcd { url: STANDALONE }).await;
+    report.assert_passed();
+    assert!(
+        report.skipped().is_empty(),
+        "skipped: {:?}",
+        report.skipped()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_cluster_passes_the_conformance_suite() {
+    let report = run_conformance("etcd-cluster", Etcd { url: CLUSTER }).await;
+    report.assert_passed();
+    assert!(
+        report.skipped().is_empty(),
+        "skipped: {:?}",
+        report.skipped()
+    );
+}
