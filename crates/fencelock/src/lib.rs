@@ -12,6 +12,7 @@
 //! | `redis://`, `rediss://`, `redis+cluster://h1:p1,h2:p2` | Redis, Redis Cluster | `redis` |
 //! | `redlock://h1:p1,h2:p2,h3:p3,…` | Redlock over N independent Redis masters | `redis` |
 //! | `zk://h1:p1,h2:p2/chroot` | ZooKeeper (Curator-compatible recipes) | `zookeeper` |
+//! | `etcd://h1:p1,h2:p2` (`etcds://` for TLS) | etcd (the layout of Go's `concurrency.Mutex`) | `etcd` (needs `protoc`), `etcd-tls` |
 //! | `postgres://user:pw@host/db[?mode=lease\|advisory]` | PostgreSQL lease table or advisory locks | `postgres` |
 //! | `mysql://user:pw@host/db[?mode=lease\|get_lock]` (`mariadb://`) | MySQL/MariaDB lease table or `GET_LOCK` | `mysql` |
 //! | `memcached://host:port` | memcached `add` with expiry (no fencing tokens) | `memcached` |
@@ -47,6 +48,8 @@ pub use fencelock_core::*;
 pub mod backends {
     /// The in-memory backend (always present).
     pub use fencelock_core::MemoryBackend;
+    #[cfg(feature = "etcd")]
+    pub use fencelock_etcd as etcd;
     #[cfg(feature = "memcached")]
     pub use fencelock_memcached as memcached;
     #[cfg(feature = "mysql")]
@@ -73,6 +76,7 @@ const SCHEMES: &[(&str, &str, &str)] = &[
     ("rediss+redlock", "redlock", "redis"),
     ("zk", "zookeeper", "zookeeper"),
     ("etcd", "etcd", "etcd"),
+    ("etcds", "etcd", "etcd-tls"),
     ("postgres", "postgres", "postgres"),
     ("postgresql", "postgres", "postgres"),
     ("mysql", "mysql", "mysql"),
@@ -92,6 +96,9 @@ pub fn compiled_backends() -> Vec<&'static str> {
     }
     if cfg!(feature = "zookeeper") {
         v.push("zookeeper");
+    }
+    if cfg!(feature = "etcd") {
+        v.push("etcd");
     }
     if cfg!(feature = "postgres") {
         v.push("postgres");
@@ -144,6 +151,8 @@ pub async fn connect_backend(url: &str) -> Result<Arc<dyn Backend>> {
         "zk" => Ok(Arc::new(
             fencelock_zookeeper::ZooKeeperBackend::connect(url).await?,
         )),
+        #[cfg(feature = "etcd")]
+        "etcd" | "etcds" => Ok(Arc::new(fencelock_etcd::EtcdBackend::connect(url).await?)),
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => Ok(Arc::new(
             fencelock_postgres::PostgresBackend::connect(url).await?,
@@ -228,12 +237,14 @@ mod tests {
     async fn unknown_and_missing_schemes_are_named() {
         let e = connect_backend("nope://x").await.err().unwrap().to_string();
         assert!(e.contains("\"nope\"") && e.contains("sqlite://"), "{e}");
-        let e = connect_backend("etcd://127.0.0.1:2379")
-            .await
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(e.contains("`etcd`"), "{e}");
+        if !cfg!(feature = "etcd") {
+            let e = connect_backend("etcd://127.0.0.1:2379")
+                .await
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(e.contains("`etcd`"), "{e}");
+        }
         let e = connect_backend("/tmp/x.db")
             .await
             .err()
