@@ -173,23 +173,27 @@ impl Inner {
         etcd_err(e, &self.address)
     }
 
-    /// Runs one request with the request timeout, trying again after
-    /// transient failures for up to one more request timeout. Requests are
-    /// written so that running one twice does no harm.
+    /// Runs one request, trying again after transient failures and after
+    /// tries that take more than a third of the request timeout (a request
+    /// stuck on a member that just died, or behind an election), until the
+    /// request timeout has passed. Requests are written so that running one
+    /// twice does no harm.
     pub(crate) async fn call<T, F, Fut>(&self, mut op: F) -> Result<T>
     where
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
         let give_up = Instant::now() + self.options.request_timeout;
+        let one_try = (self.options.request_timeout / 3).max(Duration::from_millis(500));
         loop {
-            match tokio::time::timeout(self.options.request_timeout, op(self.client.clone())).await
-            {
+            let left = give_up.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(one_try.min(left), op(self.client.clone())).await {
                 Ok(Ok(v)) => return Ok(v),
                 Ok(Err(e)) if transient(&e) && Instant::now() + RETRY_PAUSE < give_up => {
                     tokio::time::sleep(RETRY_PAUSE).await;
                 }
                 Ok(Err(e)) => return Err(self.err(e)),
+                Err(_) if Instant::now() + RETRY_PAUSE < give_up => {}
                 Err(_) => {
                     return Err(Error::connection(
                         NAME,

@@ -1,0 +1,110 @@
+//! etcd fault tests: a holder cut off by the testkit proxy loses its lease and
+//! fires `lost()`, a later holder's token is larger and the stale fenced write
+//! is rejected; a SIGKILLed holder's lock is free once its lease expires; a
+//! SIGSTOPped holder loses its lock and its stale write; a hold outlives a
+//! short restart of the server (etcd keeps leases across restarts).
+
+mod support;
+
+use std::time::Duration;
+
+use fencelock_core::{Error, Locker, LostReason};
+use fencelock_etcd::EtcdBackend;
+use fencelock_testkit::FaultProxy;
+use fencelock_testkit::faults::{self, unique_key};
+use support::{Cluster, Etcd, SHARED, fenced_write, resource};
+
+#[test]
+#[ignore = "holder process of the SIGKILL and SIGSTOP tests"]
+fn holder_worker() {
+    faults::holder_worker(Etcd);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_cut_off_by_the_network_loses_its_lease_and_its_stale_write() {
+    let proxy = FaultProxy::start("127.0.0.1:2379".parse().unwrap())
+        .await
+        .unwrap();
+    let key = unique_key("cut");
+    let cut_off = Locker::new(
+        EtcdBackend::connect(&format!("etcd://{}?session_ttl=2s", proxy.addr()))
+            .await
+            .unwrap(),
+    );
+    let other = Locker::new(EtcdBackend::connect(SHARED).await.unwrap());
+    let g = cut_off
+        .lock(&key)
+        .ttl(Duration::from_secs(2))
+        .acquire()
+        .await
+        .unwrap();
+    let stale = g.token().unwrap();
+    assert!(
+        other.lock(&key).try_acquire().await.unwrap().is_none(),
+        "the lock was free while its holder was connected"
+    );
+    proxy.cut();
+    let lost = tokio::time::timeout(Duration::from_secs(15), g.lost())
+        .await
+        .expect("lost() did not fire after the network was cut");
+    assert!(
+        matches!(
+            lost,
+            Error::Lost {
+                reason: LostReason::RenewFailed(_) | LostReason::Expired | LostReason::NotHeld(_),
+                ..
+            }
+        ),
+        "{lost:?}"
+    );
+    // The server expires the holder's lease; the lock goes to the next client.
+    let g2 = other
+        .lock(&key)
+        .wait(Duration::from_secs(15))
+        .acquire()
+        .await
+        .expect("granted after the cut-off holder's lease expired");
+    let token = g2.token().unwrap();
+    assert!(token > stale, "token {token:?} after {stale:?}");
+    assert!(
+        fenced_write("127.0.0.1:2379", &key, token.get(), "by the new holder")
+            .await
+            .unwrap()
+    );
+    // The network comes back; the old holder's write is fenced off.
+    proxy.restore();
+    assert!(
+        !fenced_write("127.0.0.1:2379", &key, stale.get(), "stale")
+            .await
+            .unwrap(),
+        "the stale write got through"
+    );
+    assert_eq!(
+        resource("127.0.0.1:2379", &key).await.as_deref(),
+        Some("by the new holder")
+    );
+    assert!(!g.is_valid());
+    // Back online, the old client queues behind the new holder again.
+    assert!(
+        cut_off.lock(&key).try_acquire().await.unwrap().is_none(),
+        "the reconnected client got a held lock"
+    );
+    g2.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_holder_frees_the_lock_when_its_lease_expires() {
+    faults::killed_holder_frees_after_its_ttl(&Etcd, SHARED).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_holder_loses_its_lock_and_its_stale_write() {
+    faults::paused_holder_loses_its_lock_and_its_stale_write(&Etcd, SHARED).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_outlives_a_short_server_restart() {
+    let mut etcd = Cluster::start(1).await;
+    let url = etcd.url("session_ttl=6s");
+    faults::lease_outlives_a_short_restart(&Etcd, &url, async || etcd.restart(0).await).await;
+}
