@@ -2,13 +2,14 @@
 //! fires `lost()`, a later holder's token is larger and the stale fenced write
 //! is rejected; a SIGKILLed holder's lock is free once its lease expires; a
 //! SIGSTOPped holder loses its lock and its stale write; a hold outlives a
-//! short restart of the server (etcd keeps leases across restarts).
+//! short restart of the server (etcd keeps leases across restarts); fifty
+//! waiters are woken one per release, not as a herd.
 
 mod support;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use fencelock_core::{Error, Locker, LostReason};
+use fencelock_core::{Error, Key, Locker, LostReason};
 use fencelock_etcd::EtcdBackend;
 use fencelock_testkit::FaultProxy;
 use fencelock_testkit::faults::{self, unique_key};
@@ -107,4 +108,55 @@ async fn a_hold_outlives_a_short_server_restart() {
     let mut etcd = Cluster::start(1).await;
     let url = etcd.url("session_ttl=6s");
     faults::lease_outlives_a_short_restart(&Etcd, &url, async || etcd.restart(0).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_waiters_one_wake_up_per_release() {
+    let key = unique_key("herd");
+    let holder = EtcdBackend::connect(SHARED).await.unwrap();
+    let g = Locker::new(holder.clone())
+        .lock(&key)
+        .acquire()
+        .await
+        .unwrap();
+    // 50 waiters, each its own lease (a Locker's local line would hide a herd).
+    let mut backends = Vec::new();
+    let mut tasks = Vec::new();
+    for _ in 0..50 {
+        let b = EtcdBackend::connect(SHARED).await.unwrap();
+        backends.push(b.clone());
+        let k = key.clone();
+        tasks.push(tokio::spawn(async move {
+            let g = Locker::new(b)
+                .lock(&k)
+                .wait(Duration::from_secs(60))
+                .acquire()
+                .await?;
+            // Released at once: the releases come in a row.
+            g.release().await
+        }));
+    }
+    let start = Instant::now();
+    while holder.queue(&Key::new(&key).unwrap()).await.unwrap().len() < 51 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the waiters never all queued"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let before: u64 = backends.iter().map(|b| b.watch_events()).sum();
+    assert_eq!(before, 0, "waiters were woken before any release");
+    g.release().await.unwrap();
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    let woken: u64 = backends.iter().map(|b| b.watch_events()).sum();
+    // 50 releases (the holder's and 49 waiters') each woke one waiter. A
+    // waiter whose periodic re-read happens to land just after its
+    // predecessor's deletion takes its turn without the event, so a few
+    // fewer is possible; more would be a herd.
+    assert!(
+        (45..=50).contains(&woken),
+        "{woken} watch events for 50 releases"
+    );
 }
