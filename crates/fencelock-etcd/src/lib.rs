@@ -36,6 +36,23 @@
 //! so it frees the lock like on every other backend. The fencing token is the
 //! key's create revision, which rises with every write to the cluster.
 //! Reentrancy is kept per owner in this client, with the owner's key.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use fencelock_core::Locker;
+//! use fencelock_etcd::EtcdBackend;
+//!
+//! # #[tokio::main] async fn main() -> fencelock_core::Result<()> {
+//! // `prefix=` (empty) shares locks with `etcdctl lock nightly`.
+//! let backend = EtcdBackend::connect("etcd://127.0.0.1:2379?prefix=&session_ttl=10s").await?;
+//! let locker = Locker::new(backend);
+//! let guard = locker.lock("nightly").wait(Duration::from_secs(30)).acquire().await?;
+//! let token = guard.token(); // the key's create revision
+//! guard.release().await?;
+//! # let _ = token; Ok(()) }
+//! ```
 #![warn(missing_docs)]
 
 mod options;
@@ -50,7 +67,7 @@ use std::time::Duration;
 
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, GetResponse, PutOptions,
-    SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
+    SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions, WatchStream,
 };
 use fencelock_core::{
     Backend, Capabilities, Error, FencingToken, Grant, HolderInfo, Key, LeaseRef, LockInfo, Mode,
@@ -118,7 +135,9 @@ fn transient(e: &etcd_client::Error) -> bool {
     match e {
         etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
         etcd_client::Error::GRpcStatus(s) => {
-            RETRYABLE.contains(&(s.code() as i32)) || s.message().contains("leader")
+            RETRYABLE.contains(&(s.code() as i32))
+                || s.message().contains("leader")
+                || s.message().contains("transport error")
         }
         _ => false,
     }
@@ -243,8 +262,8 @@ impl Inner {
         }
     }
 
-    /// The lock's keys in create-revision order, and the revision of the read.
-    async fn queue(&self, lock_prefix: &str) -> Result<(Vec<Node>, i64)> {
+    /// The lock's keys in create-revision order.
+    async fn queue(&self, lock_prefix: &str) -> Result<Vec<Node>> {
         let p = lock_prefix.to_string();
         let resp = self
             .call(|mut c| {
@@ -256,14 +275,14 @@ impl Inner {
     }
 
     /// Puts `node` (if absent) attached to `lease`, reading the queue in the
-    /// same transaction. Returns the queue and the read's revision.
+    /// same transaction. Returns the queue.
     async fn enqueue(
         &self,
         lock_prefix: &str,
         node: &str,
         lease: i64,
         value: String,
-    ) -> Result<(Vec<Node>, i64)> {
+    ) -> Result<Vec<Node>> {
         let txn = Txn::new()
             .when([Compare::create_revision(node, CompareOp::Equal, 0)])
             .and_then([
@@ -287,20 +306,25 @@ impl Inner {
         Ok(nodes(lock_prefix, &read))
     }
 
-    /// Waits until `node` holds (`Some(when it was seen holding)`) or
-    /// `deadline` passes (`None`).
+    /// Waits until `node` holds (`Some(when it was seen holding, its create
+    /// revision)`) or `deadline` passes (`None`).
+    ///
+    /// Watch, then read: a watch opened at the current revision is live at
+    /// once (one opened at a past revision is caught up by the server's
+    /// 100 ms sync loop), and the read after it shows any deletion that came
+    /// before it.
     async fn wait_turn(
         &self,
         lock_prefix: &str,
         node: &str,
         permits: u32,
         deadline: Option<Instant>,
-        mut queue: (Vec<Node>, i64),
+        mut queue: Vec<Node>,
         mut read_at: Instant,
     ) -> Result<Option<(Instant, i64)>> {
+        let mut watching: Option<(String, WatchStream)> = None;
         loop {
-            let (nodes, rev) = &queue;
-            let Some(index) = nodes.iter().position(|n| n.key == node) else {
+            let Some(index) = queue.iter().position(|n| n.key == node) else {
                 return Err(Error::backend(
                     NAME,
                     format!(
@@ -308,59 +332,74 @@ impl Inner {
                     ),
                 ));
             };
-            let (watch_key, options) = match blocker(nodes, index, permits) {
-                None => return Ok(Some((read_at, nodes[index].rev))),
+            let target = match blocker(&queue, index, permits) {
+                None => return Ok(Some((read_at, queue[index].rev))),
                 Some(_) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
-                Some(Wait::Node(n)) => (n.key.clone(), WatchOptions::new()),
-                Some(Wait::Deletes) => (lock_prefix.to_string(), WatchOptions::new().with_prefix()),
+                Some(Wait::Node(n)) => n.key.clone(),
+                Some(Wait::Deletes) => lock_prefix.to_string(),
             };
-            let options = options
-                .with_start_revision(rev + 1)
-                .with_filters([WatchFilterType::NoPut]);
-            let until = async {
-                match deadline {
-                    Some(d) => tokio::time::sleep_until(d.min(Instant::now() + RECHECK)).await,
-                    None => tokio::time::sleep(RECHECK).await,
-                }
-            };
-            tokio::select! {
-                woke = self.watch_delete(watch_key, options) => {
-                    if woke {
-                        self.watch_events.fetch_add(1, Ordering::Relaxed);
-                    } else {
-                        tokio::time::sleep(RETRY_PAUSE).await;
+            match watching.take() {
+                Some((watched, mut stream)) if watched == target => {
+                    let until = async {
+                        match deadline {
+                            Some(d) => {
+                                tokio::time::sleep_until(d.min(Instant::now() + RECHECK)).await
+                            }
+                            None => tokio::time::sleep(RECHECK).await,
+                        }
+                    };
+                    tokio::select! {
+                        woke = wait_delete(&mut stream) => {
+                            if woke {
+                                self.watch_events.fetch_add(1, Ordering::Relaxed);
+                            } else {
+                                tokio::time::sleep(RETRY_PAUSE).await;
+                            }
+                        }
+                        // Look again now and then, on the same watch.
+                        _ = until => watching = Some((watched, stream)),
                     }
                 }
-                _ = until => {}
+                _ => {
+                    let options = if target == lock_prefix {
+                        WatchOptions::new().with_prefix()
+                    } else {
+                        WatchOptions::new()
+                    };
+                    match self
+                        .open_watch(&target, options.with_filters([WatchFilterType::NoPut]))
+                        .await
+                    {
+                        Some(stream) => watching = Some((target, stream)),
+                        // No watch: poll.
+                        None => tokio::time::sleep(RETRY_PAUSE).await,
+                    }
+                }
             }
             read_at = Instant::now();
             queue = self.queue(lock_prefix).await?;
         }
     }
 
-    /// Returns `true` when a deletion under the watch happened, `false` if the
-    /// watch failed (the caller looks again either way).
-    async fn watch_delete(&self, key: String, options: WatchOptions) -> bool {
-        let Ok(mut stream) = self.client.clone().watch(key, Some(options)).await else {
-            return false;
-        };
-        loop {
-            match stream.message().await {
-                Ok(Some(resp)) => {
-                    if resp
-                        .events()
-                        .iter()
-                        .any(|e| e.event_type() == EventType::Delete)
-                    {
-                        return true;
-                    }
-                    if resp.canceled() {
-                        return false;
-                    }
+    /// Opens a watch from the current revision and waits until the server
+    /// confirms it; `None` if that fails.
+    async fn open_watch(&self, key: &str, options: WatchOptions) -> Option<WatchStream> {
+        let open = async {
+            let mut stream = self.client.clone().watch(key, Some(options)).await.ok()?;
+            loop {
+                let resp = stream.message().await.ok()??;
+                if resp.canceled() {
+                    return None;
                 }
-                Ok(None) | Err(_) => return false,
+                if resp.created() {
+                    return Some(stream);
+                }
             }
-        }
+        };
+        tokio::time::timeout(self.options.request_timeout, open)
+            .await
+            .ok()
+            .flatten()
     }
 
     /// Deletes holds nobody renewed within their TTL, retries orphans, revokes
@@ -420,6 +459,28 @@ impl Drop for Inner {
     }
 }
 
+/// Waits for a deletion on `stream`: `true` when one came, `false` if the
+/// watch ended.
+async fn wait_delete(stream: &mut WatchStream) -> bool {
+    loop {
+        match stream.message().await {
+            Ok(Some(resp)) => {
+                if resp
+                    .events()
+                    .iter()
+                    .any(|e| e.event_type() == EventType::Delete)
+                {
+                    return true;
+                }
+                if resp.canceled() {
+                    return false;
+                }
+            }
+            Ok(None) | Err(_) => return false,
+        }
+    }
+}
+
 /// The read of a lock's queue: every key under its prefix, oldest first.
 fn range() -> GetOptions {
     GetOptions::new()
@@ -427,11 +488,9 @@ fn range() -> GetOptions {
         .with_sort(SortTarget::Create, SortOrder::Ascend)
 }
 
-/// The direct children of `lock_prefix` in a range read, and its revision.
-fn nodes(lock_prefix: &str, resp: &GetResponse) -> (Vec<Node>, i64) {
-    let rev = resp.header().map_or(0, |h| h.revision());
-    let nodes = resp
-        .kvs()
+/// The direct children of `lock_prefix` in a range read.
+fn nodes(lock_prefix: &str, resp: &GetResponse) -> Vec<Node> {
+    resp.kvs()
         .iter()
         .filter_map(|kv| {
             queue::parse(
@@ -442,8 +501,7 @@ fn nodes(lock_prefix: &str, resp: &GetResponse) -> (Vec<Node>, i64) {
                 kv.lease(),
             )
         })
-        .collect();
-    (nodes, rev)
+        .collect()
 }
 
 impl EtcdBackend {
@@ -536,7 +594,7 @@ impl EtcdBackend {
     ///
     /// Connection errors.
     pub async fn queue(&self, key: &Key) -> Result<Vec<String>> {
-        let (nodes, _) = self
+        let nodes = self
             .inner
             .queue(&self.inner.lock_prefix(key.as_str()))
             .await?;
@@ -849,7 +907,7 @@ impl Backend for EtcdBackend {
 
     async fn inspect(&self, key: &Key) -> Result<Option<LockInfo>> {
         let inner = &self.inner;
-        let (nodes, _) = inner.queue(&inner.lock_prefix(key.as_str())).await?;
+        let nodes = inner.queue(&inner.lock_prefix(key.as_str())).await?;
         if nodes.is_empty() {
             return Ok(None);
         }
