@@ -145,8 +145,12 @@ fn transient(e: &etcd_client::Error) -> bool {
 
 fn etcd_err(e: etcd_client::Error, addr: &str) -> Error {
     match &e {
+        // PERMISSION_DENIED, UNAUTHENTICATED, and etcd's own wordings.
         etcd_client::Error::GRpcStatus(s)
-            if s.message().contains("authentication") || s.message().contains("permission") =>
+            if [7, 16].contains(&(s.code() as i32))
+                || ["auth", "permission", "user name"]
+                    .iter()
+                    .any(|w| s.message().contains(w)) =>
         {
             Error::connection(
                 NAME,

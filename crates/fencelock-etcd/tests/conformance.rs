@@ -49,3 +49,39 @@ async fn etcd_cluster_passes_the_conformance_suite() {
         report.skipped()
     );
 }
+
+/// Keys are raw path segments (the layout of `etcdctl lock`), so a lock
+/// named `a` must not count the keys of a lock named `a/b` as its queue, and
+/// listing by prefix names each lock once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_whose_names_nest_stay_apart_and_list_by_prefix() {
+    use fencelock_core::Locker;
+    let base = format!("nest-{}", std::process::id());
+    let (a, b) = (
+        Locker::new(EtcdBackend::connect(STANDALONE).await.unwrap()),
+        Locker::new(EtcdBackend::connect(STANDALONE).await.unwrap()),
+    );
+    let deep = a.lock(&format!("{base}/b")).acquire().await.unwrap();
+    let sibling = a.lock(&format!("{base}b")).acquire().await.unwrap();
+    let top = b
+        .lock(&base)
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("a lock was blocked by a lock whose name extends it");
+    let listed: Vec<String> = b
+        .list(&base)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|l| l.key)
+        .collect();
+    assert_eq!(
+        listed,
+        [base.clone(), format!("{base}/b"), format!("{base}b")]
+    );
+    for g in [top, deep, sibling] {
+        g.release().await.unwrap();
+    }
+    assert!(b.list(&base).await.unwrap().is_empty());
+}
