@@ -61,8 +61,8 @@ async fn locks_whose_names_nest_stay_apart_and_list_by_prefix() {
         Locker::new(EtcdBackend::connect(STANDALONE).await.unwrap()),
         Locker::new(EtcdBackend::connect(STANDALONE).await.unwrap()),
     );
-    let deep = a.lock(&format!("{base}/b")).acquire().await.unwrap();
-    let sibling = a.lock(&format!("{base}b")).acquire().await.unwrap();
+    let deep = a.lock(format!("{base}/b")).acquire().await.unwrap();
+    let sibling = a.lock(format!("{base}b")).acquire().await.unwrap();
     let top = b
         .lock(&base)
         .try_acquire()
