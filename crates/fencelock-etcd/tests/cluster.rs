@@ -14,11 +14,13 @@ use support::Cluster;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_leader_keeps_held_locks_and_grants_follow_the_election() {
     let mut cluster = Cluster::start(3).await;
-    let url = cluster.url("session_ttl=5s");
+    // A hold survives an outage shorter than about 2/3 of its TTL (renewals
+    // every third of it): 8 s rides out an election on a loaded machine.
+    let url = cluster.url("session_ttl=10s");
     let a = Locker::new(EtcdBackend::connect(&url).await.unwrap());
     let b = Locker::new(EtcdBackend::connect(&url).await.unwrap());
     let c = Locker::new(EtcdBackend::connect(&url).await.unwrap());
-    let ttl = Duration::from_secs(3);
+    let ttl = Duration::from_secs(8);
     let held = a.lock("held").ttl(ttl).acquire().await.unwrap();
     let token = held.token().unwrap();
     let waiter = tokio::spawn({
