@@ -1,22 +1,10 @@
 //! The queue of one lock: its nodes (the keys under `<prefix><key>/`) in
 //! create-revision order, what each stands for, and whom a waiter waits for.
 
-use fencelock_core::{Mode, Owner};
+use fencelock_core::{Mode, Owner, QueueRole, QueueWait, queue_blocker};
 
 /// Marks a node value written by fencelock: `fencelock1 <kind> <owner>`.
 const TAG: &str = "fencelock1";
-
-/// What a node stands for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    /// A writer: fencelock's exclusive mode, and every node fencelock did not
-    /// write (`etcdctl lock`, Go's `concurrency.Mutex`).
-    Exclusive,
-    /// A reader.
-    Shared,
-    /// A semaphore permit.
-    Permit,
-}
 
 /// One node of a lock's queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,7 +15,9 @@ pub(crate) struct Node {
     pub(crate) rev: i64,
     /// The etcd lease it is attached to.
     pub(crate) lease: i64,
-    pub(crate) kind: Kind,
+    /// A writer for every node fencelock did not write (`etcdctl lock`, Go's
+    /// `concurrency.Mutex`).
+    pub(crate) kind: QueueRole,
     /// The permits of a semaphore node (0 otherwise).
     pub(crate) permits: u32,
     /// Who holds it; a foreign node is named by its lease.
@@ -38,11 +28,11 @@ impl Node {
     /// The mode this node holds in.
     pub(crate) fn mode(&self) -> Mode {
         match self.kind {
-            Kind::Exclusive => Mode::Exclusive,
-            Kind::Shared => Mode::Shared,
-            Kind::Permit => Mode::Semaphore {
+            QueueRole::Reader => Mode::Shared,
+            QueueRole::Permit => Mode::Semaphore {
                 permits: self.permits,
             },
+            _ => Mode::Exclusive,
         }
     }
 }
@@ -70,16 +60,16 @@ pub(crate) fn parse(
     if leaf.is_empty() || leaf.contains('/') {
         return None;
     }
-    let foreign = || (Kind::Exclusive, 0, format!("etcd lease {lease:x}"));
+    let foreign = || (QueueRole::Writer, 0, format!("etcd lease {lease:x}"));
     let (kind, permits, owner) = match std::str::from_utf8(value)
         .ok()
         .and_then(|v| v.strip_prefix(TAG)?.strip_prefix(' '))
         .and_then(|v| v.split_once(' '))
     {
-        Some(("exclusive", owner)) => (Kind::Exclusive, 0, owner.to_string()),
-        Some(("shared", owner)) => (Kind::Shared, 0, owner.to_string()),
+        Some(("exclusive", owner)) => (QueueRole::Writer, 0, owner.to_string()),
+        Some(("shared", owner)) => (QueueRole::Reader, 0, owner.to_string()),
         Some((p, owner)) => match p.strip_prefix("permits=").and_then(|n| n.parse().ok()) {
-            Some(n) => (Kind::Permit, n, owner.to_string()),
+            Some(n) => (QueueRole::Permit, n, owner.to_string()),
             None => foreign(),
         },
         None => foreign(),
@@ -105,27 +95,13 @@ pub(crate) enum Wait<'a> {
 }
 
 /// `None` when the node at `index` of `nodes` (sorted by create revision)
-/// holds: a writer when it is first; a reader when no writer is before it; a
-/// permit of `permits` when only permits are before it, fewer than `permits`.
+/// holds, by the rule of [`queue_blocker`].
 pub(crate) fn blocker(nodes: &[Node], index: usize, permits: u32) -> Option<Wait<'_>> {
-    let before = &nodes[..index];
-    match nodes[index].kind {
-        Kind::Exclusive => before.last().map(Wait::Node),
-        Kind::Shared => before
-            .iter()
-            .rev()
-            .find(|n| n.kind != Kind::Shared)
-            .map(Wait::Node),
-        Kind::Permit => {
-            if let Some(other) = before.iter().rev().find(|n| n.kind != Kind::Permit) {
-                Some(Wait::Node(other))
-            } else if before.len() < permits as usize {
-                None
-            } else {
-                Some(Wait::Deletes)
-            }
-        }
-    }
+    let roles: Vec<QueueRole> = nodes.iter().map(|n| n.kind).collect();
+    queue_blocker(&roles, index, permits).map(|w| match w {
+        QueueWait::Entry(i) => Wait::Node(&nodes[i]),
+        _ => Wait::Deletes,
+    })
 }
 
 #[cfg(test)]
@@ -161,7 +137,7 @@ mod tests {
             assert_eq!((n.mode(), n.owner.as_str()), (mode, "me 1"));
         }
         let n = parse("p/k/", b"p/k/694d7a", b"", 5, 0x694d7a).unwrap();
-        assert_eq!(n.kind, Kind::Exclusive);
+        assert_eq!(n.kind, QueueRole::Writer);
         assert_eq!(n.owner, "etcd lease 694d7a");
         assert!(parse("p/k/", b"p/k/x/694d7a", b"", 5, 1).is_none());
         assert!(parse("p/k/", b"p/kk/1", b"", 5, 1).is_none());

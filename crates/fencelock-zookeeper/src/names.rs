@@ -1,7 +1,7 @@
 //! Paths and node names: keys as path segments, and the node names of
 //! Curator's recipes (protected mode: `_c_<uuid>-<kind><sequence>`).
 
-use fencelock_core::Mode;
+use fencelock_core::{Mode, QueueRole, QueueWait, queue_blocker};
 
 /// What a lock node stands for. The name fragments are Curator's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,35 +118,22 @@ pub(crate) enum Wait<'a> {
     Children,
 }
 
-/// What the node at `index` of `nodes` waits for: `None` when it holds.
-///
-/// - a mutex or writer holds when it is first, else watches the node just
-///   before it;
-/// - a reader holds when no mutex or writer is before it, else watches the
-///   last of those before it;
-/// - a permit of `permits` holds when only permits are before it, fewer than
-///   `permits` of them; blocked by another kind it watches the last such node,
-///   blocked by the count it watches the children.
+/// What the node at `index` of `nodes` waits for: `None` when it holds, by the
+/// rule of [`queue_blocker`] (mutex and write nodes are writers); blocked by
+/// the count, a permit watches the children.
 pub(crate) fn blocker(nodes: &[LockNode], index: usize, permits: u32) -> Option<Wait<'_>> {
-    let me = &nodes[index];
-    let before = &nodes[..index];
-    match me.kind {
-        Kind::Mutex | Kind::Write => before.last().map(Wait::Node),
-        Kind::Read => before
-            .iter()
-            .rev()
-            .find(|n| n.kind != Kind::Read)
-            .map(Wait::Node),
-        Kind::Permit => {
-            if let Some(other) = before.iter().rev().find(|n| n.kind != Kind::Permit) {
-                Some(Wait::Node(other))
-            } else if before.len() < permits as usize {
-                None
-            } else {
-                Some(Wait::Children)
-            }
-        }
-    }
+    let roles: Vec<QueueRole> = nodes
+        .iter()
+        .map(|n| match n.kind {
+            Kind::Mutex | Kind::Write => QueueRole::Writer,
+            Kind::Read => QueueRole::Reader,
+            Kind::Permit => QueueRole::Permit,
+        })
+        .collect();
+    queue_blocker(&roles, index, permits).map(|w| match w {
+        QueueWait::Entry(i) => Wait::Node(&nodes[i]),
+        _ => Wait::Children,
+    })
 }
 
 #[cfg(test)]
