@@ -56,9 +56,7 @@ where
             if held == mode {
                 return Ok(Admission::Reenter { index });
             }
-            return Err(Error::config(format!(
-                "owner {owner:?} already holds {key:?} as {held}; a reentrant acquire must ask for the same mode (asked {mode})"
-            )));
+            return Err(Error::mode_mismatch(owner, key, held, mode));
         }
         if !mode.compatible_with(held) {
             busy = true;
@@ -103,6 +101,22 @@ mod tests {
                 Admission::Busy
             );
         }
+    }
+
+    #[test]
+    fn reentering_in_another_mode_is_refused_with_both_modes_named() {
+        let e = admit("k", [("a", Mode::Shared)], "a", Mode::Exclusive).unwrap_err();
+        assert!(matches!(e, Error::InvalidConfig(_)), "{e:?}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("\"a\" already holds \"k\" as shared")
+                && msg.contains("(asked exclusive)"),
+            "{msg}"
+        );
+        assert_eq!(
+            admit("k", [("a", Mode::Shared)], "a", Mode::Shared).unwrap(),
+            Admission::Reenter { index: 0 }
+        );
     }
 
     #[test]

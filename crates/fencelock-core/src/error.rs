@@ -102,6 +102,19 @@ impl Error {
         Error::InvalidConfig(message.into())
     }
 
+    /// Builds the [`Error::InvalidConfig`] of a reentrant acquire that asks
+    /// for another mode than the one `owner` already holds `key` in.
+    pub fn mode_mismatch(
+        owner: &str,
+        key: &str,
+        held: impl std::fmt::Display,
+        asked: crate::Mode,
+    ) -> Self {
+        Error::InvalidConfig(format!(
+            "owner {owner:?} already holds {key:?} as {held}; a reentrant acquire must ask for the same mode (asked {asked})"
+        ))
+    }
+
     /// Builds [`Error::Backend`].
     pub fn backend(backend: &'static str, message: impl std::fmt::Display) -> Self {
         Error::Backend {

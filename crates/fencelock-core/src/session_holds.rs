@@ -146,13 +146,12 @@ impl<S: Send + 'static> SessionHolds<S> {
             return Ok(None);
         }
         if h.mode != req.mode {
-            return Err(Error::config(format!(
-                "owner {:?} already holds {:?} as {}; a reentrant acquire must ask for the same mode (asked {})",
+            return Err(Error::mode_mismatch(
                 req.owner.as_str(),
                 req.key.as_str(),
                 h.mode,
-                req.mode
-            )));
+                req.mode,
+            ));
         }
         let holds = {
             let mut n = h.holds.lock().unwrap_or_else(|p| p.into_inner());

@@ -631,13 +631,12 @@ impl EtcdBackend {
             return Ok(None);
         };
         if h.mode != req.mode {
-            return Err(Error::config(format!(
-                "owner {:?} already holds {:?} as {}; a reentrant acquire must ask for the same mode (asked {})",
+            return Err(Error::mode_mismatch(
                 req.owner.as_str(),
                 req.key.as_str(),
                 h.mode,
-                req.mode
-            )));
+                req.mode,
+            ));
         }
         if h.lease != lease.id {
             // Its lease expired: the watchdog reports it lost; a new hold is made.

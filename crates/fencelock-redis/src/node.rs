@@ -139,13 +139,12 @@ impl Node {
             (Some(0), Some(left), _) => Ok(Attempt::Busy {
                 left: Duration::from_millis(int(left).unwrap_or(0).max(0) as u64),
             }),
-            (Some(-1), Some(held), _) => Err(Error::config(format!(
-                "owner {:?} already holds {:?} as {}; a reentrant acquire must ask for the same mode (asked {})",
+            (Some(-1), Some(held), _) => Err(Error::mode_mismatch(
                 req.owner.as_str(),
                 req.key.as_str(),
                 text(held).unwrap_or_default(),
-                req.mode
-            ))),
+                req.mode,
+            )),
             _ => Err(unexpected("acquire", &reply)),
         }
     }

@@ -415,13 +415,12 @@ impl ZooKeeperBackend {
             return Ok(None);
         };
         if h.mode != req.mode {
-            return Err(Error::config(format!(
-                "owner {:?} already holds {:?} as {}; a reentrant acquire must ask for the same mode (asked {})",
+            return Err(Error::mode_mismatch(
                 req.owner.as_str(),
                 req.key.as_str(),
                 h.mode,
-                req.mode
-            )));
+                req.mode,
+            ));
         }
         if req.reentrant {
             h.holds += 1;
