@@ -176,6 +176,16 @@ impl PendingNode {
     fn keep(mut self) {
         self.inner = None;
     }
+
+    /// Deletes the node now: an acquire that gave up must not leave its
+    /// node queued in front of the same client's next try. Cancelled, it
+    /// leaves the delete to `Drop`.
+    async fn delete(self) {
+        if let Some(inner) = &self.inner {
+            inner.delete_node(&self.key).await;
+        }
+        self.keep();
+    }
 }
 
 impl Drop for PendingNode {
@@ -756,7 +766,7 @@ impl Backend for EtcdBackend {
             .wait_turn(&lock_prefix, &node, permits, deadline, queue, sent)
             .await?
         else {
-            drop(pending); // deletes the key
+            pending.delete().await;
             return Ok(None);
         };
         // The hold's validity counts from the read that showed it holding, and

@@ -115,6 +115,16 @@ impl PendingNode {
     fn keep(mut self) {
         self.inner = None;
     }
+
+    /// Deletes the node now: an acquire that gave up must not leave its
+    /// node queued in front of the same client's next try. Cancelled, it
+    /// leaves the delete to `Drop`.
+    async fn delete(self) {
+        if let Some(inner) = &self.inner {
+            inner.delete_node(&self.path).await;
+        }
+        self.keep();
+    }
 }
 
 impl Drop for PendingNode {
@@ -501,7 +511,7 @@ impl Backend for ZooKeeperBackend {
             .wait_turn(&lock_path, &name, permits, deadline)
             .await?
         {
-            drop(pending); // deletes the node
+            pending.delete().await;
             return Ok(None);
         }
         pending.keep();
