@@ -179,8 +179,11 @@ impl GetLock {
             // On an error the connection is dropped: closing the session lets
             // go of any lock it may have taken.
             let taken = match req.mode {
-                Mode::Semaphore { permits } => self.take_permit(&mut conn, &req.key, permits).await,
-                _ => self.take_exclusive(&mut conn, &req.key, wait).await,
+                Mode::Semaphore { permits } => self
+                    .take_permit(&mut conn, &req.key, permits)
+                    .await
+                    .map(|slot| slot.map(|slot| Taken { slot, token: None })),
+                _ => self.take_exclusive(&mut conn, req, wait).await,
             };
             match taken {
                 Ok(slot) => break (conn, slot),
@@ -189,11 +192,14 @@ impl GetLock {
                 Err(e) => return Err(e),
             }
         };
-        let Some(slot) = slot else {
+        let Some(Taken { slot, token }) = slot else {
             self.holds.put_idle(conn, wait_secs(req.ttl));
             return Ok(None);
         };
-        let token = self.grant_token(&mut conn, req).await?;
+        let token = match token {
+            Some(t) => t,
+            None => self.grant_token(&mut conn, req).await?,
+        };
         Ok(Some(self.holds.insert(
             req,
             token,
@@ -280,15 +286,16 @@ impl GetLock {
         Ok(None)
     }
 
-    /// Takes `key` exclusively, waiting as `wait` says, and only while no permit
-    /// of it is held.
+    /// Takes `req.key` exclusively, waiting as `wait` says, and only while no
+    /// permit of it is held.
     async fn take_exclusive(
         &self,
         conn: &mut MySqlConnection,
-        key: &Key,
+        req: &Request,
         wait: Option<Option<Instant>>,
-    ) -> Result<Option<u32>> {
+    ) -> Result<Option<Taken>> {
         const A_DAY: f64 = 86_400.0;
+        let key = &req.key;
         let mut backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(200));
         loop {
             let timeout = match wait {
@@ -298,30 +305,35 @@ impl GetLock {
                     .saturating_duration_since(Instant::now())
                     .as_secs_f64(),
             };
-            // The permit count is read after the lock is taken (IF evaluates
-            // its condition first): -1 if not taken.
-            let permits: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-                "SELECT IF(GET_LOCK({NAME_SQL}, ?) = 1,
-                    (SELECT COALESCE(MAX(permits), 0) FROM fencelock_semaphores WHERE lock_key = ?), -1)"
-            )))
-            .bind(key.as_str())
-            .bind(key.as_str())
-            .bind(key.as_str())
-            .bind(timeout)
-            .bind(key.as_str().as_bytes())
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(|e| self.err(e))?;
-            let permits = permits.unwrap_or(-1);
+            let (permits, token) = if self.sequence {
+                self.get_lock_and_token(conn, req, timeout).await?
+            } else {
+                // The permit count is read after the lock is taken (IF
+                // evaluates its condition first): -1 if not taken.
+                let permits: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                    "SELECT IF(GET_LOCK({NAME_SQL}, ?) = 1,
+                        (SELECT COALESCE(MAX(permits), 0) FROM fencelock_semaphores WHERE lock_key = ?), -1)"
+                )))
+                .bind(key.as_str())
+                .bind(key.as_str())
+                .bind(key.as_str())
+                .bind(timeout)
+                .bind(key.as_str().as_bytes())
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(|e| self.err(e))?;
+                (permits.unwrap_or(-1), None)
+            };
             if permits >= 0 {
+                let taken = Taken { slot: 0, token };
                 if permits == 0 {
-                    return Ok(Some(0));
+                    return Ok(Some(taken));
                 }
                 let used = users(&mut *conn, key, permits as u32)
                     .await
                     .map_err(|e| self.err(e))?;
                 if used.iter().all(|(slot, _)| *slot == 0) {
-                    return Ok(Some(0));
+                    return Ok(Some(taken));
                 }
                 // Permit holders have the key: let go and wait for them.
                 Self::let_go(conn, key.as_str())
@@ -338,6 +350,47 @@ impl GetLock {
             }
             backoff.sleep(deadline, None).await;
         }
+    }
+
+    /// MariaDB's exclusive acquire in one round trip: `GET_LOCK`, then — if
+    /// taken — the permit count, and — if no semaphore ever used the key — a
+    /// token from the sequence and the holder's record, as one multi-statement
+    /// text query. Returns the permit count (-1: not taken) and the token (drawn
+    /// only when the count is 0).
+    ///
+    /// Text queries take no bound parameters: the key and owner go in as hex
+    /// literals, which no input can break out of.
+    async fn get_lock_and_token(
+        &self,
+        conn: &mut MySqlConnection,
+        req: &Request,
+        timeout: f64,
+    ) -> Result<(i64, Option<u64>)> {
+        let key = hex_literal(req.key.as_str());
+        let owner = hex_literal(req.owner.as_str());
+        let name = format!("CONVERT({key} USING utf8mb4)");
+        let sql = format!(
+            "SET @fencelock_p = IF(GET_LOCK(IF(CHAR_LENGTH({name}) <= 64, {name}, SHA2({name}, 256)), {timeout}) = 1,
+                 (SELECT COALESCE(MAX(permits), 0) FROM fencelock_semaphores WHERE lock_key = {key}), -1);
+             SET @fencelock_t = IF(@fencelock_p = 0, NEXTVAL(fencelock_fence_seq), NULL);
+             INSERT INTO fencelock_getlock (lock_key, fence, holder, conn_id)
+                 SELECT {key}, @fencelock_t, {owner}, CONNECTION_ID() FROM DUAL WHERE @fencelock_t IS NOT NULL
+                 ON DUPLICATE KEY UPDATE fence = VALUES(fence), holder = VALUES(holder), conn_id = VALUES(conn_id);
+             SELECT CAST(@fencelock_p AS SIGNED), CAST(@fencelock_t AS SIGNED)"
+        );
+        let rows = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        let Some(row) = rows.last() else {
+            return Err(Error::backend(
+                crate::NAME,
+                "the acquire query returned no row",
+            ));
+        };
+        let permits: Option<i64> = row.try_get(0).map_err(|e| self.err(e))?;
+        let token: Option<i64> = row.try_get(1).map_err(|e| self.err(e))?;
+        Ok((permits.unwrap_or(-1), token.map(|t| t as u64)))
     }
 
     /// `RELEASE_LOCK` of `name`: true if this session held it.
@@ -410,6 +463,24 @@ where
     .fetch_all(conn)
     .await?;
     Ok(rows.into_iter().map(|(i, id)| (i as u32, id)).collect())
+}
+
+/// What an acquire took: the lock (slot 0) or a permit (1…), and the token
+/// if it was drawn in the same round trip.
+struct Taken {
+    slot: u32,
+    token: Option<u64>,
+}
+
+/// `s` as an SQL hex literal (`X'…'`): a binary string no input can escape.
+fn hex_literal(s: &str) -> String {
+    let mut out = String::with_capacity(3 + 2 * s.len());
+    out.push_str("X'");
+    for b in s.bytes() {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out.push('\'');
+    out
 }
 
 /// `wait_timeout` for a TTL: whole seconds, rounded up.

@@ -1,0 +1,74 @@
+//! get_lock mode names its locks as the module docs say, so other programs'
+//! `GET_LOCK` calls and fencelock exclude each other: a key of at most 64
+//! characters is its own lock name (however many bytes it takes, and whatever
+//! quotes it holds), a longer key is named by its SHA-256 in hex.
+
+use fencelock_core::Locker;
+use fencelock_mysql::MySqlBackend;
+use sqlx::Connection;
+use sqlx::mysql::MySqlConnection;
+
+const URL: &str = "mysql://root@127.0.0.1:3306/test";
+
+/// The lock name another program would use for `key`, computed by the server.
+async fn name_of(conn: &mut MySqlConnection, key: &str) -> String {
+    if key.chars().count() <= 64 {
+        return key.to_string();
+    }
+    sqlx::query_scalar("SELECT SHA2(?, 256)")
+        .bind(key)
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
+async fn get_lock(conn: &mut MySqlConnection, name: &str) -> Option<i64> {
+    sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
+        .bind(name)
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencelock_and_plain_get_lock_exclude_each_other() {
+    let backend = MySqlBackend::connect(&format!("{URL}?mode=get_lock"))
+        .await
+        .unwrap();
+    let locker = Locker::new(backend);
+    let mut other = MySqlConnection::connect(URL).await.unwrap();
+    let run = fastrand::u32(..);
+    let keys = [
+        format!("names-{run}-plain"),
+        format!("names-{run}-it's \"quoted\"; -- \\ too"),
+        // 64 characters, 2 bytes each: one name, not a hash.
+        format!("names-{run}-{}", "я".repeat(64 - 7 - run.to_string().len())),
+        format!("names-{run}-{}", "long".repeat(20)),
+    ];
+    for key in &keys {
+        let name = name_of(&mut other, key).await;
+        let g = locker.lock(key).try_acquire().await.unwrap();
+        let g = g.unwrap_or_else(|| panic!("{key:?} was not free"));
+        assert!(g.token().is_some(), "{key:?}: no token");
+        assert_eq!(
+            get_lock(&mut other, &name).await,
+            Some(0),
+            "{key:?}: another session took {name:?} while fencelock held it"
+        );
+        g.release().await.unwrap();
+        assert_eq!(
+            get_lock(&mut other, &name).await,
+            Some(1),
+            "{key:?}: {name:?} not free after the release"
+        );
+        assert!(
+            locker.lock(key).try_acquire().await.unwrap().is_none(),
+            "{key:?}: fencelock took the lock another session holds as {name:?}"
+        );
+        let _: Option<i64> = sqlx::query_scalar("SELECT RELEASE_LOCK(?)")
+            .bind(&name)
+            .fetch_one(&mut other)
+            .await
+            .unwrap();
+    }
+}
