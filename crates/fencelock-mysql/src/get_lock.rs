@@ -17,6 +17,9 @@
 //! - Holders (owner, connection id, token) and the permit marker live in the
 //!   MEMORY table `fencelock_getlock`: like the locks themselves they do not
 //!   survive a server restart, and writing them costs no flush.
+//! - Round trips: on MariaDB an exclusive acquire of a free lock is one
+//!   statement (`GET_LOCK` without waiting, the permit marker, the token and
+//!   the holder's record in one `INSERT … SELECT`); a release is one more.
 //! - Waiting: `GET_LOCK`'s own timeout (the server queues the waiters);
 //!   semaphore waiters poll the permits with backoff.
 //! - Shared (reader) locks are not supported: `GET_LOCK` has no shared form.
@@ -296,6 +299,19 @@ impl GetLock {
     ) -> Result<Option<Taken>> {
         const A_DAY: f64 = 86_400.0;
         let key = &req.key;
+        if self.sequence {
+            match self.try_with_token(conn, req).await? {
+                FastTry::Granted(token) => {
+                    return Ok(Some(Taken {
+                        slot: 0,
+                        token: Some(token),
+                    }));
+                }
+                FastTry::Busy if wait.is_none() => return Ok(None),
+                // A semaphore's key: the permits are checked below.
+                FastTry::Busy | FastTry::Marked => {}
+            }
+        }
         let mut backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(200));
         loop {
             let timeout = match wait {
@@ -305,27 +321,26 @@ impl GetLock {
                     .saturating_duration_since(Instant::now())
                     .as_secs_f64(),
             };
-            let (permits, token) = if self.sequence {
-                self.get_lock_and_token(conn, req, timeout).await?
-            } else {
-                // The permit count is read after the lock is taken (IF
-                // evaluates its condition first): -1 if not taken.
-                let permits: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-                    "SELECT IF(GET_LOCK({NAME_SQL}, ?) = 1,
-                        (SELECT COALESCE(MAX(permits), 0) FROM fencelock_semaphores WHERE lock_key = ?), -1)"
-                )))
-                .bind(key.as_str())
-                .bind(key.as_str())
-                .bind(key.as_str())
-                .bind(timeout)
-                .bind(key.as_str().as_bytes())
-                .fetch_one(&mut *conn)
-                .await
-                .map_err(|e| self.err(e))?;
-                (permits.unwrap_or(-1), None)
-            };
+            // The permit count is read after the lock is taken (IF evaluates
+            // its condition first): -1 if not taken.
+            let permits: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                "SELECT IF(GET_LOCK({NAME_SQL}, ?) = 1,
+                    (SELECT COALESCE(MAX(permits), 0) FROM fencelock_semaphores WHERE lock_key = ?), -1)"
+            )))
+            .bind(key.as_str())
+            .bind(key.as_str())
+            .bind(key.as_str())
+            .bind(timeout)
+            .bind(key.as_str().as_bytes())
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| self.err(e))?;
+            let permits = permits.unwrap_or(-1);
             if permits >= 0 {
-                let taken = Taken { slot: 0, token };
+                let taken = Taken {
+                    slot: 0,
+                    token: None,
+                };
                 if permits == 0 {
                     return Ok(Some(taken));
                 }
@@ -352,45 +367,41 @@ impl GetLock {
         }
     }
 
-    /// MariaDB's exclusive acquire in one round trip: `GET_LOCK`, then — if
-    /// taken — the permit count, and — if no semaphore ever used the key — a
-    /// token from the sequence and the holder's record, as one multi-statement
-    /// text query. Returns the permit count (-1: not taken) and the token (drawn
-    /// only when the count is 0).
+    /// MariaDB's try of an exclusive lock in one statement: `GET_LOCK` without
+    /// waiting, then — if taken — the key's permit marker, and — if no
+    /// semaphore ever used the key — a token from the sequence and the
+    /// holder's record. Returns the token, or what stopped it, with the lock
+    /// not held.
     ///
-    /// Text queries take no bound parameters: the key and owner go in as hex
-    /// literals, which no input can break out of.
-    async fn get_lock_and_token(
-        &self,
-        conn: &mut MySqlConnection,
-        req: &Request,
-        timeout: f64,
-    ) -> Result<(i64, Option<u64>)> {
-        let key = hex_literal(req.key.as_str());
-        let owner = hex_literal(req.owner.as_str());
-        let name = format!("CONVERT({key} USING utf8mb4)");
-        let sql = format!(
-            "SET @fencelock_p = IF(GET_LOCK(IF(CHAR_LENGTH({name}) <= 64, {name}, SHA2({name}, 256)), {timeout}) = 1,
-                 (SELECT COALESCE(MAX(permits), 0) FROM fencelock_semaphores WHERE lock_key = {key}), -1);
-             SET @fencelock_t = IF(@fencelock_p = 0, NEXTVAL(fencelock_fence_seq), NULL);
-             INSERT INTO fencelock_getlock (lock_key, fence, holder, conn_id)
-                 SELECT {key}, @fencelock_t, {owner}, CONNECTION_ID() FROM DUAL WHERE @fencelock_t IS NOT NULL
-                 ON DUPLICATE KEY UPDATE fence = VALUES(fence), holder = VALUES(holder), conn_id = VALUES(conn_id);
-             SELECT CAST(@fencelock_p AS SIGNED), CAST(@fencelock_t AS SIGNED)"
-        );
-        let rows = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(|e| self.err(e))?;
-        let Some(row) = rows.last() else {
-            return Err(Error::backend(
-                crate::NAME,
-                "the acquire query returned no row",
-            ));
-        };
-        let permits: Option<i64> = row.try_get(0).map_err(|e| self.err(e))?;
-        let token: Option<i64> = row.try_get(1).map_err(|e| self.err(e))?;
-        Ok((permits.unwrap_or(-1), token.map(|t| t as u64)))
+    /// It never waits in `GET_LOCK`: the statement writes the MEMORY table,
+    /// whose table lock would stall every other grant meanwhile.
+    async fn try_with_token(&self, conn: &mut MySqlConnection, req: &Request) -> Result<FastTry> {
+        let key = req.key.as_str();
+        let done = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO fencelock_getlock (lock_key, fence, holder, conn_id)
+             SELECT ?, LAST_INSERT_ID(NEXTVAL(fencelock_fence_seq)), ?, CONNECTION_ID() FROM DUAL
+             WHERE IF(GET_LOCK({NAME_SQL}, 0) = 1,
+                 (SELECT COALESCE(MAX(permits), 0) FROM fencelock_semaphores WHERE lock_key = ?), -1) = 0
+             ON DUPLICATE KEY UPDATE fence = VALUES(fence), holder = VALUES(holder), conn_id = VALUES(conn_id)"
+        )))
+        .bind(key.as_bytes())
+        .bind(req.owner.as_str().as_bytes())
+        .bind(key)
+        .bind(key)
+        .bind(key)
+        .bind(key.as_bytes())
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| self.err(e))?;
+        if done.rows_affected() > 0 {
+            return Ok(FastTry::Granted(done.last_insert_id()));
+        }
+        // Taken on a key with a permit marker (let go), or busy.
+        Ok(if Self::let_go(conn, key).await.map_err(|e| self.err(e))? {
+            FastTry::Marked
+        } else {
+            FastTry::Busy
+        })
     }
 
     /// `RELEASE_LOCK` of `name`: true if this session held it.
@@ -472,15 +483,13 @@ struct Taken {
     token: Option<u64>,
 }
 
-/// `s` as an SQL hex literal (`X'…'`): a binary string no input can escape.
-fn hex_literal(s: &str) -> String {
-    let mut out = String::with_capacity(3 + 2 * s.len());
-    out.push_str("X'");
-    for b in s.bytes() {
-        out.push_str(&format!("{b:02x}"));
-    }
-    out.push('\'');
-    out
+/// How [`GetLock::try_with_token`] ended.
+enum FastTry {
+    Granted(u64),
+    /// Another session holds the lock.
+    Busy,
+    /// A semaphore used the key once: its permits must be checked.
+    Marked,
 }
 
 /// `wait_timeout` for a TTL: whole seconds, rounded up.

@@ -1,4 +1,4 @@
-//! get_lock mode names its locks as the module docs say, so other programs'
+//! get_lock mode specifics. It names its locks as the module docs say, so other programs'
 //! `GET_LOCK` calls and fencelock exclude each other: a key of at most 64
 //! characters is its own lock name (however many bytes it takes, and whatever
 //! quotes it holds), a longer key is named by its SHA-256 in hex.
@@ -71,4 +71,39 @@ async fn fencelock_and_plain_get_lock_exclude_each_other() {
             .await
             .unwrap();
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exclusive_lock_on_a_semaphores_key_waits_for_its_permits() {
+    let url = format!("{URL}?mode=get_lock");
+    let a = Locker::new(MySqlBackend::connect(&url).await.unwrap());
+    let b = Locker::new(MySqlBackend::connect(&url).await.unwrap());
+    let key = format!("modes-{}", fastrand::u32(..));
+    let permit = a.semaphore(&key, 2).try_acquire().await.unwrap();
+    let permit = permit.expect("a free semaphore refused a permit");
+    assert!(
+        b.lock(&key).try_acquire().await.unwrap().is_none(),
+        "an exclusive lock beside a permit holder"
+    );
+    let waiter = tokio::spawn(async move {
+        let g = b
+            .lock(&key)
+            .wait(std::time::Duration::from_secs(10))
+            .acquire()
+            .await;
+        (b, key, g)
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "granted while a permit was held");
+    permit.release().await.unwrap();
+    let (b, key, g) = waiter.await.unwrap();
+    let g = g.expect("not granted after the permit was released");
+    assert!(g.token().is_some());
+    g.release().await.unwrap();
+    // The key stays marked as a semaphore's; a try still finds it free.
+    let g = b.lock(&key).try_acquire().await.unwrap();
+    assert!(
+        g.is_some(),
+        "a try refused a free key that a semaphore used"
+    );
 }
