@@ -924,11 +924,8 @@ impl Backend for EtcdBackend {
         if nodes.is_empty() {
             return Ok(None);
         }
-        Ok(Some(LockInfo::new(
-            key.as_str(),
-            holders(inner, &nodes),
-            None,
-        )))
+        let holders = holders(inner, &nodes, &mut HashMap::new()).await;
+        Ok(Some(LockInfo::new(key.as_str(), holders, None)))
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
@@ -963,38 +960,65 @@ impl Backend for EtcdBackend {
                 locks.entry(name.to_string()).or_default().push(n);
             }
         }
-        let mut out: Vec<LockInfo> = locks
-            .into_iter()
-            .filter_map(|(name, nodes)| {
-                let holders = holders(inner, &nodes);
-                (!holders.is_empty()).then(|| LockInfo::new(name, holders, None))
-            })
-            .collect();
+        let mut out = Vec::new();
+        let mut leases = HashMap::new();
+        for (name, nodes) in locks {
+            let holders = holders(inner, &nodes, &mut leases).await;
+            if !holders.is_empty() {
+                out.push(LockInfo::new(name, holders, None));
+            }
+        }
         out.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(out)
     }
 }
 
-/// The nodes of a queue that hold, as holder rows.
-fn holders(inner: &Inner, nodes: &[Node]) -> Vec<HolderInfo> {
+/// The nodes of a queue that hold, as holder rows. The time left of a hold is
+/// its lease's: how long the lock outlives a holder that stops now (`leases`
+/// caches it per lease; unknown if the lookup fails).
+async fn holders(
+    inner: &Inner,
+    nodes: &[Node],
+    leases: &mut HashMap<i64, Option<Duration>>,
+) -> Vec<HolderInfo> {
     let local: HashMap<String, u32> = lock(&inner.holds)
         .values()
         .map(|h| (h.node.clone(), h.holds))
         .collect();
-    nodes
-        .iter()
-        .enumerate()
-        .filter(|(i, n)| blocker(nodes, *i, n.permits).is_none())
-        .map(|(_, n)| {
-            HolderInfo::new(
-                n.owner.clone(),
-                n.mode(),
-                local.get(&n.key).copied().unwrap_or(1),
-                Some(FencingToken::new(n.rev as u64)),
-                None,
-            )
-        })
-        .collect()
+    let mut out = Vec::new();
+    for (i, n) in nodes.iter().enumerate() {
+        if blocker(nodes, i, n.permits).is_some() {
+            continue;
+        }
+        let left = match leases.get(&n.lease) {
+            Some(left) => *left,
+            None => {
+                let left = lease_left(inner, n.lease).await;
+                leases.insert(n.lease, left);
+                left
+            }
+        };
+        out.push(HolderInfo::new(
+            n.owner.clone(),
+            n.mode(),
+            local.get(&n.key).copied().unwrap_or(1),
+            Some(FencingToken::new(n.rev as u64)),
+            left,
+        ));
+    }
+    out
+}
+
+/// What is left of `lease` (etcd counts in whole seconds), if it is alive.
+async fn lease_left(inner: &Inner, lease: i64) -> Option<Duration> {
+    if lease == 0 {
+        return None;
+    }
+    let resp = inner
+        .call(|mut c| async move { c.lease_time_to_live(lease, None).await })
+        .await
+        .ok()?;
+    u64::try_from(resp.ttl()).ok().map(Duration::from_secs)
 }
 
 impl std::fmt::Debug for EtcdBackend {

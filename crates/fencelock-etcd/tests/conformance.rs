@@ -85,3 +85,34 @@ async fn locks_whose_names_nest_stay_apart_and_list_by_prefix() {
     }
     assert!(b.list(&base).await.unwrap().is_empty());
 }
+
+/// A holder's time left is its lease's: what remains of the session TTL,
+/// which keepalives renew.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_shows_the_time_left_of_the_holders_lease() {
+    use fencelock_core::Locker;
+    use std::time::Duration;
+    let url = "etcd://127.0.0.1:2379?session_ttl=10s";
+    let (a, b) = (
+        Locker::new(EtcdBackend::connect(url).await.unwrap()),
+        Locker::new(EtcdBackend::connect(url).await.unwrap()),
+    );
+    let key = format!("left-{}", std::process::id());
+    let g = a.lock(&key).acquire().await.unwrap();
+    let info = b
+        .inspect(&key)
+        .await
+        .unwrap()
+        .expect("inspect found nothing");
+    let left = info.holders[0].expires_in;
+    assert!(
+        left.is_some_and(|d| d >= Duration::from_secs(1) && d <= Duration::from_secs(10)),
+        "time left {left:?}, the session TTL is 10 s"
+    );
+    let listed = b.list(&key).await.unwrap();
+    assert!(
+        listed[0].holders[0].expires_in.is_some(),
+        "list shows no time left"
+    );
+    g.release().await.unwrap();
+}
