@@ -43,6 +43,14 @@
 //! arrives, or at the latest when the holder's time runs out (capped at 5 s), so
 //! a lost message costs a bounded delay, never a hang.
 //!
+//! Across processes, exclusive waiters stand in a line kept in Redis (a sorted
+//! set by arrival): while anyone waits in it, a free lock goes only to its first
+//! live waiter, so a process that releases cannot take the lock straight back
+//! ahead of a waiter elsewhere (a try, which never waits, is refused too). A
+//! waiter keeps its place by asking again at least every second; one that times
+//! out or is cancelled leaves the line, and the place of one that died lapses
+//! after 3 s. Shared and semaphore requests do not stand in line.
+//!
 //! # Examples
 //!
 //! ```no_run
@@ -85,6 +93,46 @@ pub use redlock::RedlockBackend;
 
 /// The longest a waiter sleeps without re-checking, whatever the holder's TTL.
 const MAX_RECHECK: Duration = Duration::from_secs(5);
+
+/// How long a waiter's place in a key's line lasts unless it asks again (it
+/// asks at least three times as often). A waiter that dies in first place
+/// holds the others up this long at most.
+const LINE_PLACE: Duration = Duration::from_secs(3);
+
+/// A waiter's place in a key's line: left when the wait ends without a grant,
+/// also when the wait is cancelled (then by a spawned task).
+struct InLine {
+    backend: Option<RedisBackend>,
+    key: Key,
+    owner: String,
+}
+
+impl InLine {
+    /// The grant took the waiter out of line.
+    fn granted(mut self) {
+        self.backend = None;
+    }
+
+    async fn leave(mut self) {
+        if let Some(b) = self.backend.take() {
+            // Best effort: a place that is not left lapses by itself.
+            let _ = b.node().leave_line(&self.key, &self.owner).await;
+        }
+    }
+}
+
+impl Drop for InLine {
+    fn drop(&mut self) {
+        if let Some(b) = self.backend.take()
+            && let Ok(h) = tokio::runtime::Handle::try_current()
+        {
+            let (key, owner) = (self.key.clone(), std::mem::take(&mut self.owner));
+            h.spawn(async move {
+                let _ = b.node().leave_line(&key, &owner).await;
+            });
+        }
+    }
+}
 
 /// Locks in Redis. Clones share one connection.
 #[derive(Clone)]
@@ -307,7 +355,7 @@ impl Backend for RedisBackend {
 
     async fn try_acquire(&self, req: &Request) -> Result<Option<Grant>> {
         let requested_at = Instant::now();
-        match self.node().attempt(req, 0).await? {
+        match self.node().attempt(req, 0, Duration::ZERO).await? {
             Attempt::Granted { token, holds } => {
                 let grant =
                     Grant::new(Some(FencingToken::new(token)), req.ttl, holds, requested_at);
@@ -322,13 +370,26 @@ impl Backend for RedisBackend {
         let granted = |token: u64, holds: u32, at: Instant| {
             Grant::new(Some(FencingToken::new(token)), req.ttl, holds, at)
         };
+        // A refused exclusive request stands in the key's line (see `scripts`)
+        // unless it gives up at once.
+        let queue = if deadline.is_some_and(|d| d <= Instant::now()) {
+            Duration::ZERO
+        } else {
+            LINE_PLACE
+        };
         // Uncontended: one round trip, no subscription.
         let requested_at = Instant::now();
-        if let Attempt::Granted { token, holds } = self.node().attempt(req, 0).await? {
+        if let Attempt::Granted { token, holds } = self.node().attempt(req, 0, queue).await? {
             let grant = granted(token, holds, requested_at);
             self.confirm_replicas(req, &grant).await?;
             return Ok(Some(grant));
         }
+        let in_line = InLine {
+            backend: (queue > Duration::ZERO && req.mode == fencelock_core::Mode::Exclusive)
+                .then(|| self.clone()),
+            key: req.key.clone(),
+            owner: req.owner.to_string(),
+        };
         let watch = self.node().watch(&req.key).await?;
         loop {
             // Listen before asking, so a release between the answer and the wait
@@ -337,8 +398,9 @@ impl Backend for RedisBackend {
             tokio::pin!(notified);
             notified.as_mut().enable();
             let requested_at = Instant::now();
-            let left = match self.node().attempt(req, 0).await? {
+            let left = match self.node().attempt(req, 0, queue).await? {
                 Attempt::Granted { token, holds } => {
+                    in_line.granted();
                     let grant = granted(token, holds, requested_at);
                     self.confirm_replicas(req, &grant).await?;
                     return Ok(Some(grant));
@@ -346,9 +408,16 @@ impl Backend for RedisBackend {
                 Attempt::Busy { left } => left,
             };
             if deadline.is_some_and(|d| Instant::now() >= d) {
+                in_line.leave().await;
                 return Ok(None);
             }
-            let mut until = Instant::now() + left.clamp(Duration::from_millis(1), MAX_RECHECK);
+            // A waiter in line asks again before its place lapses.
+            let most = if in_line.backend.is_some() {
+                LINE_PLACE / 3
+            } else {
+                MAX_RECHECK
+            };
+            let mut until = Instant::now() + left.clamp(Duration::from_millis(1), most);
             if let Some(d) = deadline {
                 until = until.min(d);
             }

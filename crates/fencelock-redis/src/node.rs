@@ -24,6 +24,9 @@ pub(crate) struct LockKeys {
     pub(crate) expiry: String,
     pub(crate) fence: String,
     pub(crate) channel: String,
+    /// Exclusive waiters in line, and when their places lapse.
+    pub(crate) line: String,
+    pub(crate) line_lapse: String,
 }
 
 /// What the acquire script said.
@@ -96,6 +99,8 @@ impl Node {
             expiry: format!("{hash}:exp"),
             fence: format!("{hash}:fence"),
             channel: format!("{hash}:ch"),
+            line: format!("{hash}:q"),
+            line_lapse: format!("{hash}:qe"),
             hash,
         }
     }
@@ -105,7 +110,14 @@ impl Node {
     }
 
     /// One run of the acquire script; `proposal` floors a new token (0: none).
-    pub(crate) async fn attempt(&self, req: &Request, proposal: u64) -> Result<Attempt> {
+    /// A refused exclusive request stands in the key's line for `queue` (zero:
+    /// it does not).
+    pub(crate) async fn attempt(
+        &self,
+        req: &Request,
+        proposal: u64,
+        queue: Duration,
+    ) -> Result<Attempt> {
         let k = self.keys(&req.key);
         let permits = match req.mode {
             Mode::Semaphore { permits } => permits,
@@ -118,12 +130,15 @@ impl Node {
                     .key(&k.hash)
                     .key(&k.expiry)
                     .key(&k.fence)
+                    .key(&k.line)
+                    .key(&k.line_lapse)
                     .arg(req.owner.as_str())
                     .arg(req.mode.as_label())
                     .arg(req.ttl.as_millis() as u64)
                     .arg(u8::from(req.reentrant))
                     .arg(permits)
-                    .arg(proposal),
+                    .arg(proposal)
+                    .arg(queue.as_millis() as u64),
             )
             .await
             .map_err(|e| self.err(e))?;
@@ -194,6 +209,8 @@ impl Node {
                         .key(&k.expiry)
                         .key(&latch)
                         .key(&k.fence)
+                        .key(&k.line)
+                        .key(&k.line_lapse)
                         .arg(lease.owner.as_str())
                         .arg(&k.channel)
                         .arg(self.latch_ms)
@@ -217,6 +234,23 @@ impl Node {
                 Err(e) => return Err(self.err(e)),
             }
         }
+    }
+
+    /// Takes `owner` out of `key`'s line of waiters.
+    pub(crate) async fn leave_line(&self, key: &Key, owner: &str) -> Result<()> {
+        let k = self.keys(key);
+        self.conn
+            .invoke::<i64>(
+                scripts::LEAVE_LINE
+                    .key(&k.line)
+                    .key(&k.line_lapse)
+                    .key(&k.hash)
+                    .arg(owner)
+                    .arg(&k.channel),
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(())
     }
 
     /// Deletes every hold of `key` and wakes its waiters; the fence stays.

@@ -142,7 +142,10 @@ enum OpAnswer {
 impl Op {
     async fn run(&self, node: &Node) -> Result<OpAnswer> {
         match self {
-            Op::Acquire(req, proposal) => node.attempt(req, *proposal).await.map(OpAnswer::Acquire),
+            Op::Acquire(req, proposal) => node
+                .attempt(req, *proposal, Duration::ZERO)
+                .await
+                .map(OpAnswer::Acquire),
             Op::Release(lease, next, proposal) => node
                 .release(lease, next.as_ref(), *proposal)
                 .await

@@ -9,12 +9,21 @@
 //! | `P{key}` | hash | shared or semaphore holds: `\tm` → mode; `<owner>` → `"<holds> <token>"` |
 //! | `P{key}:exp` | sorted set | shared and semaphore holders: `<owner>` → expiry (server ms), so they expire one by one |
 //! | `P{key}:fence` | string | the last token; never expires |
+//! | `P{key}:q` | sorted set | exclusive waiters in line: `<owner>` → arrival (server µs) |
+//! | `P{key}:qe` | sorted set | the same waiters → when their place lapses (server ms) |
 //! | `P{key}:ch` | channel | `free` / `permit` when waiters may proceed |
 //! | `P{key}:latch:<id>` | string | the answer of a partial release `<id>`, for its retry |
 //!
 //! The type of `P{key}` tells the mode at a glance (`TYPE`: none, string, hash),
 //! which keeps the exclusive path — the common one — to a handful of commands.
 //! Owners cannot contain control characters, so tabs never clash.
+//!
+//! The line makes exclusive waiting fair across processes: while it is not
+//! empty, a free lock goes only to its first live waiter (a release PUBLISHes,
+//! every waiter asks, the first wins). A waiter keeps its place by asking
+//! again before its place lapses; one that died or gave up without leaving
+//! blocks the line until then. Reentrant and shared/semaphore acquires do not
+//! stand in line.
 //!
 //! Tokens: `max(last + 1, server time in µs, proposal)`. The time floor keeps
 //! tokens rising even if the fence key is lost (Redis restarted empty, a failover
@@ -62,22 +71,55 @@ end
 local function exclusive(v)
   return string.match(v, '^(.*)\t(%d+)\t(%d+)$')
 end
+local function unqueue(Q, QE, who)
+  if redis.call('ZREM', Q, who) == 1 then redis.call('ZREM', QE, who) end
+end
 "
     };
 }
 
-/// KEYS: H, Z, F. ARGV: owner, mode, ttl_ms, reentrant (1/0), permits,
-/// proposal (a floor for a new token; 0 for none).
+/// KEYS: H, Z, F, Q, QE. ARGV: owner, mode, ttl_ms, reentrant (1/0), permits,
+/// proposal (a floor for a new token; 0 for none), queue_ms (an exclusive
+/// request that is refused stands in line for that long; 0: it does not).
 /// Returns `{1, token, holds}` granted, `{0, ms_until_first_expiry}` busy,
 /// `{-1, held_mode}` when the owner holds the key in another mode.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         prologue!(),
         r"
-local H, Z, F = KEYS[1], KEYS[2], KEYS[3]
+local H, Z, F, Q, QE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local owner, mode, ttl, reentrant, permits = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
+local queue_ms = tonumber(ARGV[7])
+local lined = mode == 'exclusive' and redis.call('EXISTS', Q) == 1
+-- Refused: stand in line (or keep the place) if asked to, and say how long to wait.
+local function refuse(wait_ms)
+  if mode == 'exclusive' and queue_ms > 0 then
+    redis.call('ZADD', Q, 'NX', tonumber(t[1]) * 1000000 + tonumber(t[2]), owner)
+    redis.call('ZADD', QE, now + queue_ms, owner)
+    local last = redis.call('ZRANGE', QE, -1, -1, 'WITHSCORES')
+    redis.call('PEXPIRE', Q, tonumber(last[2]) - now)
+    redis.call('PEXPIRE', QE, tonumber(last[2]) - now)
+  end
+  return {0, wait_ms}
+end
+-- A new exclusive grant goes to the first live waiter in line, if any.
+local function ahead()
+  if not lined then return nil end
+  local lapsed = redis.call('ZRANGEBYSCORE', QE, '-inf', now)
+  for i = 1, #lapsed do redis.call('ZREM', Q, lapsed[i]) end
+  if #lapsed > 0 then redis.call('ZREMRANGEBYSCORE', QE, '-inf', now) end
+  local first = redis.call('ZRANGE', Q, 0, 0)[1]
+  if first == nil or first == owner then return nil end
+  return tonumber(redis.call('ZSCORE', QE, first)) - now
+end
+local function granted(token, holds)
+  if lined then unqueue(Q, QE, owner) end
+  return {1, token, holds}
+end
 local kind = redis.call('TYPE', H)['ok']
 if kind == 'none' then
+  local wait = ahead()
+  if wait then return refuse(wait) end
   local token = mint(F, ARGV[6])
   if mode == 'exclusive' then
     redis.call('SET', H, owner .. '\t1\t' .. token, 'PX', ttl)
@@ -87,11 +129,11 @@ if kind == 'none' then
     redis.call('ZADD', Z, now + ttl, owner)
     keep_alive(H, Z)
   end
-  return {1, token, 1}
+  return granted(token, 1)
 end
 if kind == 'string' then
   local holder, holds, token = exclusive(redis.call('GET', H))
-  if holder ~= owner then return {0, redis.call('PTTL', H)} end
+  if holder ~= owner then return refuse(redis.call('PTTL', H)) end
   if mode ~= 'exclusive' then return {-1, 'exclusive'} end
   holds = tonumber(holds)
   if reentrant == '1' then
@@ -105,6 +147,8 @@ end
 local held = redis.call('HGET', H, '\tm') or ''
 local n = purge(H, Z)
 if n == 0 then
+  local wait = ahead()
+  if wait then return refuse(wait) end
   redis.call('DEL', H, Z)
   local token = mint(F, ARGV[6])
   if mode == 'exclusive' then
@@ -114,7 +158,7 @@ if n == 0 then
     redis.call('ZADD', Z, now + ttl, owner)
     keep_alive(H, Z)
   end
-  return {1, token, 1}
+  return granted(token, 1)
 end
 local mine = redis.call('HGET', H, owner)
 if mine then
@@ -133,7 +177,7 @@ local ok = (mode == 'shared' and held == 'shared')
   or (string.sub(mode, 1, 10) == 'semaphore:' and string.sub(held, 1, 10) == 'semaphore:' and n < permits)
 if not ok then
   local first = redis.call('ZRANGE', Z, 0, 0, 'WITHSCORES')
-  return {0, tonumber(first[2]) - now}
+  return refuse(tonumber(first[2]) - now)
 end
 local token = mint(F, ARGV[6])
 redis.call('HSET', H, owner, '1 ' .. token)
@@ -175,7 +219,7 @@ return out
     ))
 });
 
-/// KEYS: H, Z, latch, F. ARGV: owner, channel, latch_ttl_ms, retry (1/0),
+/// KEYS: H, Z, latch, F, Q, QE. ARGV: owner, channel, latch_ttl_ms, retry (1/0),
 /// next_owner ('' for none), next_ttl_ms, proposal (floor of the next token).
 ///
 /// Returns `{holds_left, handed_token}`: `holds_left` is -1 when the owner holds
@@ -211,6 +255,7 @@ if kind == 'string' then
     if next_owner ~= '' then
       local next_token = mint(F, ARGV[7])
       redis.call('SET', H, next_owner .. '\t1\t' .. next_token, 'PX', ARGV[6])
+      unqueue(KEYS[5], KEYS[6], next_owner)
       return {0, next_token}
     end
     redis.call('DEL', H)
@@ -242,6 +287,20 @@ if retry then return {0, 0} end
 return {-1, 0}
 "
     ))
+});
+
+/// KEYS: Q, QE, H. ARGV: owner, channel. Takes `owner` out of the line (a
+/// waiter that gave up); if it was first and the lock is free, wakes the rest.
+pub(crate) static LEAVE_LINE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local first = redis.call('ZRANK', KEYS[1], ARGV[1]) == 0
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('ZREM', KEYS[2], ARGV[1])
+if first and redis.call('EXISTS', KEYS[3]) == 0 then redis.call('PUBLISH', ARGV[2], 'free') end
+return 1
+",
+    )
 });
 
 /// KEYS: H, Z, F. Returns `{now_ms, fence, kind, holders, expiries, pttl}` where

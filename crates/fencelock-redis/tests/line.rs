@@ -1,0 +1,149 @@
+//! The line of exclusive waiters (see the `scripts` module): a free lock goes
+//! to the first live waiter, so a releaser cannot barge back in ahead of a
+//! waiter in another process; a waiter that gives up, is cancelled or dies
+//! does not hold the line up for long. Two `Locker`s on their own connections
+//! stand for two processes.
+
+use std::time::Duration;
+
+use fencelock_core::Locker;
+use fencelock_redis::RedisBackend;
+use fencelock_testkit::FaultProxy;
+
+const SHARED: &str = "redis://127.0.0.1:6379";
+
+fn unique(name: &str) -> String {
+    format!("line/{name}/{}", uuid::Uuid::new_v4().simple())
+}
+
+async fn locker() -> Locker {
+    Locker::new(RedisBackend::connect(SHARED).await.unwrap())
+}
+
+/// Polls `try_acquire` on `key` until it grants or `within` passes.
+async fn free_within(l: &Locker, key: &str, within: Duration) -> bool {
+    let end = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(g) = l.lock(key).try_acquire().await.unwrap() {
+            g.release().await.unwrap();
+            return true;
+        }
+        if tokio::time::Instant::now() >= end {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_in_another_process_goes_before_the_releaser_comes_back() {
+    // The waiter hears of a release and answers 50 ms late each way, far
+    // behind the releaser: only the line can put it first.
+    let proxy = FaultProxy::start("127.0.0.1:6379".parse().unwrap())
+        .await
+        .unwrap();
+    proxy.set_latency(Duration::from_millis(50));
+    let a = locker().await;
+    let b = Locker::new(
+        RedisBackend::connect(&format!("redis://{}", proxy.addr()))
+            .await
+            .unwrap(),
+    );
+    let key = unique("barge");
+    for round in 0..3 {
+        let held = a.lock(&key).acquire().await.unwrap();
+        let (b2, k) = (b.clone(), key.clone());
+        let waiter =
+            tokio::spawn(async move { b2.lock(&k).wait(Duration::from_secs(10)).acquire().await });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        held.release().await.unwrap();
+        // Straight back, before the waiter has even heard of the release.
+        let again = a.lock(&key).try_acquire().await.unwrap();
+        assert!(
+            again.is_none(),
+            "round {round}: the releaser took the lock back ahead of the waiter in line"
+        );
+        let g = waiter
+            .await
+            .unwrap()
+            .expect("the waiter in line was not granted");
+        g.release().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_times_out_leaves_the_line() {
+    let (a, b, c) = (locker().await, locker().await, locker().await);
+    let key = unique("timeout");
+    let held = a.lock(&key).acquire().await.unwrap();
+    let r = b
+        .lock(&key)
+        .wait(Duration::from_millis(200))
+        .acquire()
+        .await;
+    assert!(r.is_err(), "granted a held lock: {r:?}");
+    held.release().await.unwrap();
+    // Its place would last 3 s had it not left.
+    let g = c.lock(&key).try_acquire().await.unwrap();
+    assert!(
+        g.is_some(),
+        "a free lock refused: the timed-out waiter still stands in line"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_waiter_leaves_the_line() {
+    let (a, b, c) = (locker().await, locker().await, locker().await);
+    let key = unique("cancel");
+    let held = a.lock(&key).acquire().await.unwrap();
+    let waiting = b.lock(&key).wait(Duration::from_secs(30)).acquire();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), waiting)
+            .await
+            .is_err(),
+        "granted a held lock"
+    );
+    held.release().await.unwrap();
+    assert!(
+        free_within(&c, &key, Duration::from_secs(1)).await,
+        "the cancelled waiter's place held the lock up"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_waiters_place_lapses() {
+    let c = locker().await;
+    let key = unique("dead");
+    // A waiter that stood in line and died: its place lapses in 600 ms.
+    let mut conn = redis::Client::open(SHARED)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let (q, qe) = (
+        format!("fencelock:{{{key}}}:q"),
+        format!("fencelock:{{{key}}}:qe"),
+    );
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let now_ms = secs * 1000 + micros / 1000;
+    redis::pipe()
+        .zadd(&q, "ghost", secs * 1_000_000 + micros)
+        .zadd(&qe, "ghost", now_ms + 600)
+        .exec_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        c.lock(&key).try_acquire().await.unwrap().is_none(),
+        "a free lock went past the first waiter in line"
+    );
+    assert!(
+        free_within(&c, &key, Duration::from_secs(2)).await,
+        "the dead waiter's place did not lapse"
+    );
+    let left: bool = redis::cmd("EXISTS")
+        .arg(&q)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(!left, "the line outlived its last waiter");
+}
