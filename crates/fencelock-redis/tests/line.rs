@@ -55,7 +55,8 @@ async fn a_waiter_in_another_process_goes_before_the_releaser_comes_back() {
         let (b2, k) = (b.clone(), key.clone());
         let waiter =
             tokio::spawn(async move { b2.lock(&k).wait(Duration::from_secs(10)).acquire().await });
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // In line after its first (refused) attempt: 100 ms through the proxy.
+        tokio::time::sleep(Duration::from_millis(400)).await;
         held.release().await.unwrap();
         // Straight back, before the waiter has even heard of the release.
         let again = a.lock(&key).try_acquire().await.unwrap();
