@@ -49,7 +49,8 @@
 //! ahead of a waiter elsewhere (a try, which never waits, is refused too). A
 //! waiter keeps its place by asking again at least every second; one that times
 //! out or is cancelled leaves the line, and the place of one that died lapses
-//! after 3 s. Shared and semaphore requests do not stand in line.
+//! after 3 s. Shared and semaphore requests do not stand in line, but new ones
+//! are refused while a writer waits there, so readers cannot starve writers.
 //!
 //! # Examples
 //!

@@ -22,8 +22,9 @@
 //! empty, a free lock goes only to its first live waiter (a release PUBLISHes,
 //! every waiter asks, the first wins). A waiter keeps its place by asking
 //! again before its place lapses; one that died or gave up without leaving
-//! blocks the line until then. Reentrant and shared/semaphore acquires do not
-//! stand in line.
+//! blocks the line until then. Reentrant acquires skip it; shared and
+//! semaphore requests do not stand in it but are refused while anyone does, so
+//! a stream of readers cannot starve a waiting writer.
 //!
 //! Tokens: `max(last + 1, server time in µs, proposal)`. The time floor keeps
 //! tokens rising even if the fence key is lost (Redis restarted empty, a failover
@@ -90,7 +91,7 @@ pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
 local H, Z, F, Q, QE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local owner, mode, ttl, reentrant, permits = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
 local queue_ms = tonumber(ARGV[7])
-local lined = mode == 'exclusive' and redis.call('EXISTS', Q) == 1
+local lined = redis.call('EXISTS', Q) == 1
 -- Refused: stand in line (or keep the place) if asked to, and say how long to wait.
 local function refuse(wait_ms)
   if mode == 'exclusive' and queue_ms > 0 then
@@ -102,14 +103,15 @@ local function refuse(wait_ms)
   end
   return {0, wait_ms}
 end
--- A new exclusive grant goes to the first live waiter in line, if any.
+-- A new grant waits for the live waiters in line: an exclusive one unless it
+-- is first, a shared or semaphore one while anyone stands there.
 local function ahead()
   if not lined then return nil end
   local lapsed = redis.call('ZRANGEBYSCORE', QE, '-inf', now)
   for i = 1, #lapsed do redis.call('ZREM', Q, lapsed[i]) end
   if #lapsed > 0 then redis.call('ZREMRANGEBYSCORE', QE, '-inf', now) end
   local first = redis.call('ZRANGE', Q, 0, 0)[1]
-  if first == nil or first == owner then return nil end
+  if first == nil or (first == owner and mode == 'exclusive') then return nil end
   return tonumber(redis.call('ZSCORE', QE, first)) - now
 end
 local function granted(token, holds)
@@ -179,6 +181,8 @@ if not ok then
   local first = redis.call('ZRANGE', Z, 0, 0, 'WITHSCORES')
   return refuse(tonumber(first[2]) - now)
 end
+local wait = ahead()
+if wait then return refuse(wait) end
 local token = mint(F, ARGV[6])
 redis.call('HSET', H, owner, '1 ' .. token)
 redis.call('ZADD', Z, now + ttl, owner)

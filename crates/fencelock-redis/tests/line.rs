@@ -1,7 +1,8 @@
 //! The line of exclusive waiters (see the `scripts` module): a free lock goes
 //! to the first live waiter, so a releaser cannot barge back in ahead of a
 //! waiter in another process; a waiter that gives up, is cancelled or dies
-//! does not hold the line up for long. Two `Locker`s on their own connections
+//! does not hold the line up for long; new readers wait behind a waiting
+//! writer. Two `Locker`s on their own connections
 //! stand for two processes.
 
 use std::time::Duration;
@@ -147,4 +148,30 @@ async fn a_dead_waiters_place_lapses() {
         .await
         .unwrap();
     assert!(!left, "the line outlived its last waiter");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_readers_wait_behind_a_waiting_writer() {
+    let (a, b, c) = (locker().await, locker().await, locker().await);
+    let key = unique("writer");
+    let r = a.read_lock(&key).acquire().await.unwrap();
+    let (c2, k) = (c.clone(), key.clone());
+    let writer =
+        tokio::spawn(async move { c2.lock(&k).wait(Duration::from_secs(10)).acquire().await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        b.read_lock(&key).try_acquire().await.unwrap().is_none(),
+        "a new reader went past a writer waiting in line"
+    );
+    r.release().await.unwrap();
+    let w = writer
+        .await
+        .unwrap()
+        .expect("the waiting writer was not granted");
+    assert!(b.read_lock(&key).try_acquire().await.unwrap().is_none());
+    w.release().await.unwrap();
+    assert!(
+        b.read_lock(&key).try_acquire().await.unwrap().is_some(),
+        "a reader was refused after the writer left"
+    );
 }
