@@ -7,10 +7,10 @@ use std::time::Duration;
 use fencelock_core::{Error, Result, redact_url};
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{
     Cmd, FromRedisValue, IntoConnectionInfo, ProtocolVersion, PushInfo, RedisError,
-    ScriptInvocation,
+    ScriptInvocation, Value,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -197,24 +197,39 @@ impl Conn {
     }
 
     /// A command sent to every primary, with array replies combined.
-    pub(crate) async fn query_all_primaries<T: FromRedisValue>(
-        &self,
-        cmd: Cmd,
-    ) -> redis::RedisResult<T> {
+    /// The keys matching `pattern`, by `SCAN` (which, unlike `KEYS`, does not
+    /// block the server on a large keyspace); on a cluster, on every primary.
+    pub(crate) async fn scan_keys(&self, pattern: &str) -> redis::RedisResult<Vec<String>> {
         match self {
-            Conn::Single(c) => cmd.query_async(&mut c.clone()).await,
+            Conn::Single(c) => {
+                scan(pattern, |cmd| {
+                    let mut c = c.clone();
+                    async move { cmd.query_async(&mut c).await }
+                })
+                .await
+            }
             Conn::Cluster(c) => {
-                let v = c
-                    .clone()
-                    .route_command(
-                        cmd,
-                        RoutingInfo::MultiNode((
-                            MultipleNodeRoutingInfo::AllMasters,
-                            Some(ResponsePolicy::CombineArrays),
-                        )),
-                    )
+                let slots: Value = redis::cmd("CLUSTER")
+                    .arg("SLOTS")
+                    .query_async(&mut c.clone())
                     .await?;
-                T::from_redis_value(v).map_err(RedisError::from)
+                let mut out = Vec::new();
+                for (host, port) in primaries(&slots) {
+                    let keys = scan(pattern, |cmd| {
+                        let mut c = c.clone();
+                        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                            host: host.clone(),
+                            port,
+                        });
+                        async move {
+                            let v = c.route_command(cmd, route).await?;
+                            FromRedisValue::from_redis_value(v).map_err(RedisError::from)
+                        }
+                    })
+                    .await?;
+                    out.extend(keys);
+                }
+                Ok(out)
             }
         }
     }
@@ -236,4 +251,58 @@ impl Conn {
     pub(crate) fn is_cluster(&self) -> bool {
         matches!(self, Conn::Cluster(_))
     }
+}
+
+/// Runs `SCAN … MATCH pattern` through `run` until the cursor comes back to 0.
+async fn scan<F, Fut>(pattern: &str, mut run: F) -> redis::RedisResult<Vec<String>>
+where
+    F: FnMut(Cmd) -> Fut,
+    Fut: Future<Output = redis::RedisResult<(String, Vec<String>)>>,
+{
+    let mut cursor = "0".to_string();
+    let mut out = Vec::new();
+    loop {
+        let mut cmd = redis::cmd("SCAN");
+        cmd.arg(&cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000);
+        let (next, keys) = run(cmd).await?;
+        out.extend(keys);
+        if next == "0" {
+            return Ok(out);
+        }
+        cursor = next;
+    }
+}
+
+/// The primaries' addresses in a `CLUSTER SLOTS` reply (each slot range's
+/// first node).
+fn primaries(slots: &Value) -> Vec<(String, u16)> {
+    let mut out: Vec<(String, u16)> = Vec::new();
+    let Value::Array(ranges) = slots else {
+        return out;
+    };
+    for range in ranges {
+        let Value::Array(fields) = range else {
+            continue;
+        };
+        let Some(Value::Array(node)) = fields.get(2) else {
+            continue;
+        };
+        let host = match node.first() {
+            Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+            Some(Value::SimpleString(s)) => s.clone(),
+            _ => continue,
+        };
+        let Some(Value::Int(port)) = node.get(1) else {
+            continue;
+        };
+        let addr = (host, *port as u16);
+        if !out.contains(&addr) {
+            out.push(addr);
+        }
+    }
+    out
 }

@@ -312,11 +312,9 @@ impl Node {
                 esc.into_iter().chain(std::iter::once(c))
             })
             .collect();
-        let mut cmd = redis::cmd("KEYS");
-        cmd.arg(format!("{}{{{escaped}*}}", self.prefix));
-        let names: Vec<String> = self
+        let names = self
             .conn
-            .query_all_primaries(cmd)
+            .scan_keys(&format!("{}{{{escaped}*}}", self.prefix))
             .await
             .map_err(|e| self.err(e))?;
         let start = self.prefix.len() + 1;
