@@ -321,21 +321,23 @@ impl GetLock {
                     .saturating_duration_since(Instant::now())
                     .as_secs_f64(),
             };
-            // The permit count is read after the lock is taken (IF evaluates
-            // its condition first): -1 if not taken.
-            let permits: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-                "SELECT IF(GET_LOCK({NAME_SQL}, ?) = 1,
-                    (SELECT COALESCE(MAX(permits), 0) FROM fencelock_semaphores WHERE lock_key = ?), -1)"
-            )))
-            .bind(key.as_str())
-            .bind(key.as_str())
-            .bind(key.as_str())
-            .bind(timeout)
-            .bind(key.as_str().as_bytes())
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(|e| self.err(e))?;
-            let permits = permits.unwrap_or(-1);
+            // The permit count is read in a statement of its own after the lock
+            // is taken: within one statement MariaDB reads a constant subquery
+            // while optimizing, before GET_LOCK runs.
+            let permits = if Self::get_lock(conn, key.as_str(), timeout)
+                .await
+                .map_err(|e| self.err(e))?
+            {
+                sqlx::query_scalar::<_, i64>(
+                    "SELECT COALESCE(MAX(permits), 0) FROM fencelock_semaphores WHERE lock_key = ?",
+                )
+                .bind(key.as_str().as_bytes())
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(|e| self.err(e))?
+            } else {
+                -1
+            };
             if permits >= 0 {
                 let taken = Taken {
                     slot: 0,
@@ -375,13 +377,20 @@ impl GetLock {
     ///
     /// It never waits in `GET_LOCK`: the statement writes the MEMORY table,
     /// whose table lock would stall every other grant meanwhile.
+    ///
+    /// MariaDB reads the marker while optimizing, before `GET_LOCK` runs; the
+    /// read is a locking one (`LOCK IN SHARE MODE`, held to the statement's
+    /// end), so a semaphore taker's announcement — which comes before it takes
+    /// a permit and checks this lock — either is seen here or waits until this
+    /// statement has taken the lock, and then sees it taken.
     async fn try_with_token(&self, conn: &mut MySqlConnection, req: &Request) -> Result<FastTry> {
         let key = req.key.as_str();
         let done = sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO fencelock_getlock (lock_key, fence, holder, conn_id)
              SELECT ?, LAST_INSERT_ID(NEXTVAL(fencelock_fence_seq)), ?, CONNECTION_ID() FROM DUAL
              WHERE IF(GET_LOCK({NAME_SQL}, 0) = 1,
-                 (SELECT COALESCE(MAX(permits), 0) FROM fencelock_semaphores WHERE lock_key = ?), -1) = 0
+                 (SELECT COALESCE(MAX(permits), 0) FROM fencelock_semaphores
+                  WHERE lock_key = ? LOCK IN SHARE MODE), -1) = 0
              ON DUPLICATE KEY UPDATE fence = VALUES(fence), holder = VALUES(holder), conn_id = VALUES(conn_id)"
         )))
         .bind(key.as_bytes())

@@ -107,3 +107,54 @@ async fn an_exclusive_lock_on_a_semaphores_key_waits_for_its_permits() {
         "a try refused a free key that a semaphore used"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exclusive_grant_reads_the_permits_after_taking_the_lock() {
+    let locker = Locker::new(
+        MySqlBackend::connect(&format!("{URL}?mode=get_lock"))
+            .await
+            .unwrap(),
+    );
+    let key = format!("order-{}", fastrand::u32(..));
+    let permit = format!("{key}#1");
+    let mut other = MySqlConnection::connect(URL).await.unwrap();
+    assert_eq!(get_lock(&mut other, &key).await, Some(1));
+    let (l, k) = (locker.clone(), key.clone());
+    let waiter = tokio::spawn(async move {
+        l.lock(&k)
+            .wait(std::time::Duration::from_secs(10))
+            .acquire()
+            .await
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // While the exclusive taker waits in GET_LOCK, a semaphore is announced on
+    // the key and a permit taken; then the lock name comes free.
+    sqlx::query(
+        "INSERT INTO fencelock_semaphores (lock_key, permits) VALUES (?, 2)
+         ON DUPLICATE KEY UPDATE permits = GREATEST(permits, 2)",
+    )
+    .bind(key.as_bytes())
+    .execute(&mut other)
+    .await
+    .unwrap();
+    assert_eq!(get_lock(&mut other, &permit).await, Some(1));
+    release_lock(&mut other, &key).await;
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(
+        !waiter.is_finished(),
+        "an exclusive grant beside a permit holder (the permits were read before GET_LOCK)"
+    );
+    release_lock(&mut other, &permit).await;
+    let g = waiter.await.unwrap();
+    let g = g.expect("not granted after the permit was released");
+    g.release().await.unwrap();
+}
+
+async fn release_lock(conn: &mut MySqlConnection, name: &str) {
+    let released: Option<i64> = sqlx::query_scalar("SELECT RELEASE_LOCK(?)")
+        .bind(name)
+        .fetch_one(conn)
+        .await
+        .unwrap();
+    assert_eq!(released, Some(1), "{name:?} was not held");
+}
