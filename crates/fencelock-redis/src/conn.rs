@@ -7,7 +7,9 @@ use std::time::Duration;
 use fencelock_core::{Error, Result, redact_url};
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo, SingleNodeRoutingInfo,
+};
 use redis::{
     Cmd, FromRedisValue, IntoConnectionInfo, ProtocolVersion, PushInfo, RedisError,
     ScriptInvocation, Value,
@@ -213,8 +215,20 @@ impl Conn {
                     .arg("SLOTS")
                     .query_async(&mut c.clone())
                     .await?;
+                let Some(nodes) = primaries(&slots) else {
+                    // Some node is named by no usable address (an empty or `?`
+                    // host): ask every primary with KEYS instead.
+                    let mut cmd = redis::cmd("KEYS");
+                    cmd.arg(pattern);
+                    let all = RoutingInfo::MultiNode((
+                        MultipleNodeRoutingInfo::AllMasters,
+                        Some(ResponsePolicy::CombineArrays),
+                    ));
+                    let v = c.clone().route_command(cmd, all).await?;
+                    return FromRedisValue::from_redis_value(v).map_err(RedisError::from);
+                };
                 let mut out = Vec::new();
-                for (host, port) in primaries(&slots) {
+                for (host, port) in nodes {
                     let keys = scan(pattern, |cmd| {
                         let mut c = c.clone();
                         let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
@@ -278,31 +292,34 @@ where
 }
 
 /// The primaries' addresses in a `CLUSTER SLOTS` reply (each slot range's
-/// first node).
-fn primaries(slots: &Value) -> Vec<(String, u16)> {
-    let mut out: Vec<(String, u16)> = Vec::new();
+/// first node), or `None` if one of them has no usable address.
+fn primaries(slots: &Value) -> Option<Vec<(String, u16)>> {
     let Value::Array(ranges) = slots else {
-        return out;
+        return None;
     };
+    let mut out: Vec<(String, u16)> = Vec::new();
     for range in ranges {
         let Value::Array(fields) = range else {
-            continue;
+            return None;
         };
         let Some(Value::Array(node)) = fields.get(2) else {
-            continue;
+            return None;
         };
         let host = match node.first() {
             Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
             Some(Value::SimpleString(s)) => s.clone(),
-            _ => continue,
+            _ => return None,
         };
         let Some(Value::Int(port)) = node.get(1) else {
-            continue;
+            return None;
         };
-        let addr = (host, *port as u16);
+        if host.is_empty() || host == "?" {
+            return None;
+        }
+        let addr = (host, u16::try_from(*port).ok()?);
         if !out.contains(&addr) {
             out.push(addr);
         }
     }
-    out
+    Some(out)
 }

@@ -46,11 +46,14 @@
 //! Across processes, exclusive waiters stand in a line kept in Redis (a sorted
 //! set by arrival): while anyone waits in it, a free lock goes only to its first
 //! live waiter, so a process that releases cannot take the lock straight back
-//! ahead of a waiter elsewhere (a try, which never waits, is refused too). A
+//! ahead of a waiter elsewhere (a try, which never waits, is refused too); the
+//! handoffs within a process above come first, up to 16 in a row. A
 //! waiter keeps its place by asking again at least every second; one that times
 //! out or is cancelled leaves the line, and the place of one that died lapses
 //! after 3 s. Shared and semaphore requests do not stand in line, but new ones
-//! are refused while a writer waits there, so readers cannot starve writers.
+//! are refused while a writer waits there, so readers cannot starve writers
+//! (as in a fair read-write lock: a second read lock taken, by another owner,
+//! while holding one waits behind a waiting writer).
 //!
 //! # Examples
 //!
@@ -115,10 +118,12 @@ impl InLine {
     }
 
     async fn leave(mut self) {
-        if let Some(b) = self.backend.take() {
-            // Best effort: a place that is not left lapses by itself.
+        if let Some(b) = &self.backend {
+            // Best effort: a place that is not left lapses by itself. (If this
+            // is cancelled, `Drop` tries again.)
             let _ = b.node().leave_line(&self.key, &self.owner).await;
         }
+        self.backend = None;
     }
 }
 
@@ -378,19 +383,21 @@ impl Backend for RedisBackend {
         } else {
             LINE_PLACE
         };
-        // Uncontended: one round trip, no subscription.
-        let requested_at = Instant::now();
-        if let Attempt::Granted { token, holds } = self.node().attempt(req, 0, queue).await? {
-            let grant = granted(token, holds, requested_at);
-            self.confirm_replicas(req, &grant).await?;
-            return Ok(Some(grant));
-        }
+        // Set up before the first attempt, which may already stand in line.
         let in_line = InLine {
             backend: (queue > Duration::ZERO && req.mode == fencelock_core::Mode::Exclusive)
                 .then(|| self.clone()),
             key: req.key.clone(),
             owner: req.owner.to_string(),
         };
+        // Uncontended: one round trip, no subscription.
+        let requested_at = Instant::now();
+        if let Attempt::Granted { token, holds } = self.node().attempt(req, 0, queue).await? {
+            in_line.granted();
+            let grant = granted(token, holds, requested_at);
+            self.confirm_replicas(req, &grant).await?;
+            return Ok(Some(grant));
+        }
         let watch = self.node().watch(&req.key).await?;
         loop {
             // Listen before asking, so a release between the answer and the wait

@@ -20,7 +20,9 @@
 //!
 //! The line makes exclusive waiting fair across processes: while it is not
 //! empty, a free lock goes only to its first live waiter (a release PUBLISHes,
-//! every waiter asks, the first wins). A waiter keeps its place by asking
+//! every waiter asks, the first wins). A release that hands the lock to the
+//! next waiter of its own process (`next_owner`) does not free it; the core
+//! bounds such handoffs to 16 in a row, then releases plainly. A waiter keeps its place by asking
 //! again before its place lapses; one that died or gave up without leaving
 //! blocks the line until then. Reentrant acquires skip it; shared and
 //! semaphore requests do not stand in it but are refused while anyone does, so
@@ -294,14 +296,15 @@ return {-1, 0}
 });
 
 /// KEYS: Q, QE, H. ARGV: owner, channel. Takes `owner` out of the line (a
-/// waiter that gave up); if it was first and the lock is free, wakes the rest.
+/// waiter that gave up); if it was first, wakes the waiters it held up (the
+/// next writer if the lock is free, readers refused while it stood there).
 pub(crate) static LEAVE_LINE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local first = redis.call('ZRANK', KEYS[1], ARGV[1]) == 0
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return 0 end
 redis.call('ZREM', KEYS[2], ARGV[1])
-if first and redis.call('EXISTS', KEYS[3]) == 0 then redis.call('PUBLISH', ARGV[2], 'free') end
+if first then redis.call('PUBLISH', ARGV[2], 'free') end
 return 1
 ",
     )

@@ -175,3 +175,35 @@ async fn new_readers_wait_behind_a_waiting_writer() {
         "a reader was refused after the writer left"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_held_up_by_a_writer_that_gives_up_are_woken() {
+    let (a, b, c) = (locker().await, locker().await, locker().await);
+    let key = unique("gave-up");
+    let r = a.read_lock(&key).acquire().await.unwrap();
+    let (c2, k) = (c.clone(), key.clone());
+    let writer =
+        tokio::spawn(async move { c2.lock(&k).wait(Duration::from_millis(800)).acquire().await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (b2, k) = (b.clone(), key.clone());
+    let reader = tokio::spawn(async move {
+        b2.read_lock(&k)
+            .wait(Duration::from_secs(10))
+            .acquire()
+            .await
+    });
+    assert!(
+        writer.await.unwrap().is_err(),
+        "the writer got in beside a reader"
+    );
+    let gave_up = tokio::time::Instant::now();
+    let g = reader.await.unwrap().expect("the reader was not granted");
+    // Woken when the writer left, not when its place would have lapsed (3 s).
+    assert!(
+        gave_up.elapsed() < Duration::from_millis(1500),
+        "the reader waited {:?} after the writer gave up",
+        gave_up.elapsed()
+    );
+    g.release().await.unwrap();
+    r.release().await.unwrap();
+}
