@@ -974,16 +974,23 @@ impl Backend for EtcdBackend {
 }
 
 /// The nodes of a queue that hold, as holder rows. The time left of a hold is
-/// its lease's: how long the lock outlives a holder that stops now (`leases`
-/// caches it per lease; unknown if the lookup fails).
+/// its lease's — how long the lock outlives a holder that stops now (`leases`
+/// caches it per lease; unknown if the lookup fails) — or, for this client's
+/// own holds, its TTL if that ends first.
 async fn holders(
     inner: &Inner,
     nodes: &[Node],
     leases: &mut HashMap<i64, Option<Duration>>,
 ) -> Vec<HolderInfo> {
-    let local: HashMap<String, u32> = lock(&inner.holds)
+    let now = Instant::now();
+    let local: HashMap<String, (u32, Duration)> = lock(&inner.holds)
         .values()
-        .map(|h| (h.node.clone(), h.holds))
+        .map(|h| {
+            (
+                h.node.clone(),
+                (h.holds, h.renewed_until.saturating_duration_since(now)),
+            )
+        })
         .collect();
     let mut out = Vec::new();
     for (i, n) in nodes.iter().enumerate() {
@@ -998,10 +1005,15 @@ async fn holders(
                 left
             }
         };
+        // A hold of this client also ends when its own TTL runs out unrenewed.
+        let (holds, left) = match local.get(&n.key) {
+            Some(&(holds, own)) => (holds, left.map(|l| l.min(own))),
+            None => (1, left),
+        };
         out.push(HolderInfo::new(
             n.owner.clone(),
             n.mode(),
-            local.get(&n.key).copied().unwrap_or(1),
+            holds,
             Some(FencingToken::new(n.rev as u64)),
             left,
         ));
