@@ -17,7 +17,8 @@
 //! // A "session" here is a plain string; a backend stores its connection type.
 //! let holds: SessionHolds<String> = SessionHolds::new("demo", 4);
 //! let req = Request::new(Key::new("k")?, Owner::new("me")?, Mode::Exclusive, Duration::from_secs(5));
-//! assert!(holds.reenter(&req, Instant::now()).await?.is_none()); // not held yet
+//! let alive = async |_s: &mut String| Ok(()); // a backend pings its session here
+//! assert!(holds.reenter(&req, Instant::now(), alive).await?.is_none()); // not held yet
 //! let grant = holds.insert(&req, 7, 0, "session-1".to_string(), Instant::now());
 //! let lease = LeaseRef::new(&req, &grant);
 //! let renewals = holds.ping(&[lease.clone()], async |_s: &mut String| Ok(())).await;
@@ -132,19 +133,25 @@ impl<S: Send + 'static> SessionHolds<S> {
 
     /// If this client holds `req.key` for `req.owner` on a live session: the
     /// grant of a reentrant request (one more hold, same token) or of a repeated
-    /// one (unchanged). `None` if the backend must take the lock.
+    /// one (unchanged). `None` if the backend must take the lock — also when
+    /// `ping` shows the session gone (ended by the server, killed by an
+    /// operator): its hold is forgotten then, never handed back.
     ///
     /// # Errors
     ///
     /// [`Error::InvalidConfig`] if the owner holds the key in another mode.
-    pub async fn reenter(&self, req: &Request, requested_at: Instant) -> Result<Option<Grant>> {
+    pub async fn reenter<F>(
+        &self,
+        req: &Request,
+        requested_at: Instant,
+        ping: F,
+    ) -> Result<Option<Grant>>
+    where
+        F: AsyncFn(&mut S) -> std::result::Result<(), String>,
+    {
         let Some((handle, h)) = self.find(&req.key, &req.owner) else {
             return Ok(None);
         };
-        if h.session.lock().await.is_none() {
-            self.forget(&handle);
-            return Ok(None);
-        }
         if h.mode != req.mode {
             return Err(Error::mode_mismatch(
                 req.owner.as_str(),
@@ -152,6 +159,18 @@ impl<S: Send + 'static> SessionHolds<S> {
                 h.mode,
                 req.mode,
             ));
+        }
+        {
+            let mut session = h.session.lock().await;
+            let alive = match session.as_mut() {
+                Some(s) => matches!(tokio::time::timeout(h.ttl, ping(s)).await, Ok(Ok(()))),
+                None => false,
+            };
+            if !alive {
+                *session = None;
+                self.forget(&handle);
+                return Ok(None);
+            }
         }
         let holds = {
             let mut n = h.holds.lock().unwrap_or_else(|p| p.into_inner());
@@ -278,7 +297,11 @@ mod tests {
         let holds: SessionHolds<u32> = SessionHolds::new("t", 2);
         let r = req("a", Mode::Exclusive, true);
         let g = holds.insert(&r, 5, 0, 42, Instant::now());
-        let again = holds.reenter(&r, Instant::now()).await.unwrap().unwrap();
+        let again = holds
+            .reenter(&r, Instant::now(), async |_: &mut u32| Ok(()))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(
             (again.holds, again.token, &again.handle),
             (2, g.token, &g.handle)
@@ -286,7 +309,7 @@ mod tests {
         let repeat = req("a", Mode::Exclusive, false);
         assert_eq!(
             holds
-                .reenter(&repeat, Instant::now())
+                .reenter(&repeat, Instant::now(), async |_: &mut u32| Ok(()))
                 .await
                 .unwrap()
                 .unwrap()
@@ -295,7 +318,11 @@ mod tests {
         );
         assert!(
             holds
-                .reenter(&req("a", Mode::Shared, true), Instant::now())
+                .reenter(
+                    &req("a", Mode::Shared, true),
+                    Instant::now(),
+                    async |_: &mut u32| Ok(())
+                )
                 .await
                 .is_err()
         );
@@ -328,7 +355,29 @@ mod tests {
             })
             .await;
         assert!(matches!(&failed[0], Renewal::Lost { reason } if reason.contains("gone")));
-        assert!(holds.reenter(&r, Instant::now()).await.unwrap().is_none());
+        assert!(
+            holds
+                .reenter(&r, Instant::now(), async |_: &mut u32| Ok(()))
+                .await
+                .unwrap()
+                .is_none()
+        );
+        assert!(holds.release(&lease).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_session_found_dead_is_not_reentered_and_its_hold_is_forgotten() {
+        let holds: SessionHolds<u32> = SessionHolds::new("t", 2);
+        let r = req("a", Mode::Exclusive, true);
+        let lease = LeaseRef::new(&r, &holds.insert(&r, 1, 0, 7, Instant::now()));
+        let dead = async |_: &mut u32| Err("terminated".to_string());
+        assert!(
+            holds
+                .reenter(&r, Instant::now(), dead)
+                .await
+                .unwrap()
+                .is_none()
+        );
         assert!(holds.release(&lease).await.is_err());
     }
 

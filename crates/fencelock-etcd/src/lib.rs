@@ -633,27 +633,58 @@ impl EtcdBackend {
         Ok(())
     }
 
-    /// A hold this client already has for the request's owner, if any.
-    fn reenter(&self, req: &Request, requested_at: Instant) -> Result<Option<Grant>> {
-        let lease = self.inner.session.lease();
-        let mut holds = lock(&self.inner.holds);
-        let Some(h) = holds.get_mut(&(req.key.clone(), req.owner.clone())) else {
+    /// A hold this client already has for the request's owner, if any —
+    /// checked on the server first: a key that is gone (deleted, or its lease
+    /// expired) is not handed back; the hold is forgotten and the lock taken
+    /// anew.
+    async fn reenter(&self, req: &Request, requested_at: Instant) -> Result<Option<Grant>> {
+        let inner = &self.inner;
+        let lease = inner.session.lease();
+        let id = (req.key.clone(), req.owner.clone());
+        let (node, token) = {
+            let holds = lock(&inner.holds);
+            let Some(h) = holds.get(&id) else {
+                return Ok(None);
+            };
+            if h.mode != req.mode {
+                return Err(Error::mode_mismatch(
+                    req.owner.as_str(),
+                    req.key.as_str(),
+                    h.mode,
+                    req.mode,
+                ));
+            }
+            if h.lease != lease.id {
+                // Its lease expired: the watchdog reports it lost; a new hold is made.
+                return Ok(None);
+            }
+            (h.node.clone(), h.token)
+        };
+        let n = node.clone();
+        let resp = inner
+            .call(|mut c| {
+                let n = n.clone();
+                async move { c.get(n, Some(GetOptions::new().with_keys_only())).await }
+            })
+            .await?;
+        let ours = resp.kvs().first().map(|kv| kv.create_revision()) == Some(token);
+        let mut holds = lock(&inner.holds);
+        if !ours {
+            if holds
+                .get(&id)
+                .is_some_and(|h| h.node == node && h.token == token)
+            {
+                holds.remove(&id);
+                // The janitor's delete frees the name for reuse.
+                lock(&inner.orphans).push(node);
+            }
+            return Ok(None);
+        }
+        let Some(h) = holds.get_mut(&id) else {
             return Ok(None);
         };
-        if h.mode != req.mode {
-            return Err(Error::mode_mismatch(
-                req.owner.as_str(),
-                req.key.as_str(),
-                h.mode,
-                req.mode,
-            ));
-        }
-        if h.lease != lease.id {
-            // Its lease expired: the watchdog reports it lost; a new hold is made.
-            return Ok(None);
-        }
-        let Some(ttl) = self.inner.grant_ttl(req.ttl, &lease, requested_at) else {
-            return Err(self.inner.lease_overdue());
+        let Some(ttl) = inner.grant_ttl(req.ttl, &lease, requested_at) else {
+            return Err(inner.lease_overdue());
         };
         if req.reentrant {
             h.holds += 1;
@@ -738,7 +769,7 @@ impl Backend for EtcdBackend {
 
     async fn acquire(&self, req: &Request, deadline: Option<Instant>) -> Result<Option<Grant>> {
         let requested_at = Instant::now();
-        if let Some(g) = self.reenter(req, requested_at)? {
+        if let Some(g) = self.reenter(req, requested_at).await? {
             return Ok(Some(g));
         }
         let inner = &self.inner;

@@ -174,7 +174,7 @@ impl GetLock {
                 "shared (reader) locks in get_lock mode; use mode=lease",
             ));
         }
-        if let Some(grant) = self.holds.reenter(req, requested_at).await? {
+        if let Some(grant) = self.holds.reenter(req, requested_at, ping).await? {
             return Ok(Some(grant));
         }
         let (mut conn, slot) = loop {
@@ -428,15 +428,7 @@ impl GetLock {
 
     /// Pings each lease's session (which also restarts its idle timeout).
     pub(crate) async fn renew(&self, leases: &[LeaseRef]) -> Vec<Renewal> {
-        self.holds
-            .ping(leases, async |c: &mut MySqlConnection| {
-                sqlx::query("SELECT 1")
-                    .execute(c)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
-            })
-            .await
+        self.holds.ping(leases, ping).await
     }
 
     pub(crate) async fn release(&self, lease: &LeaseRef) -> Result<Released> {
@@ -576,4 +568,14 @@ pub(crate) async fn known_keys(db: &Db, prefix: &str) -> Result<Vec<String>> {
         .into_iter()
         .map(|k| String::from_utf8_lossy(&k).into_owned())
         .collect())
+}
+
+/// One round trip on a held session: it is alive (and its idle timeout
+/// restarts).
+async fn ping(c: &mut MySqlConnection) -> std::result::Result<(), String> {
+    sqlx::query("SELECT 1")
+        .execute(c)
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }

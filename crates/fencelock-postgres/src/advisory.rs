@@ -171,7 +171,7 @@ impl Advisory {
         wait: Option<Option<Instant>>,
     ) -> Result<Option<Grant>> {
         let requested_at = Instant::now();
-        if let Some(grant) = self.holds.reenter(req, requested_at).await? {
+        if let Some(grant) = self.holds.reenter(req, requested_at, ping).await? {
             return Ok(Some(grant));
         }
         let mut conn = self.session().await?;
@@ -232,15 +232,7 @@ impl Advisory {
 
     /// Pings each lease's session (which also restarts its idle timeout).
     pub(crate) async fn renew(&self, leases: &[LeaseRef]) -> Vec<Renewal> {
-        self.holds
-            .ping(leases, async |c: &mut PgConnection| {
-                sqlx::query("SELECT 1")
-                    .execute(c)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
-            })
-            .await
+        self.holds.ping(leases, ping).await
     }
 
     pub(crate) async fn release(&self, lease: &LeaseRef) -> Result<Released> {
@@ -349,4 +341,14 @@ pub(crate) async fn held_keys(db: &Db, prefix: &str) -> Result<Vec<String>> {
     .fetch_all(&db.pool)
     .await
     .map_err(db.err())
+}
+
+/// One round trip on a held session: it is alive (and its idle timeout
+/// restarts).
+async fn ping(c: &mut PgConnection) -> std::result::Result<(), String> {
+    sqlx::query("SELECT 1")
+        .execute(c)
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }

@@ -270,6 +270,7 @@ fn all_cases() -> Vec<Case> {
         dropped_guard_is_released: always,
         tokens_increase_across_holders: needs_fencing,
         reentrant_holds_count: needs_reentrant,
+        reentry_after_a_stolen_hold_is_a_new_hold: needs_reentrant,
         repeated_request_is_idempotent: always,
         readers_coexist_and_exclude_writers: needs_shared,
         semaphore_admits_exactly_n: needs_semaphore,
@@ -824,6 +825,38 @@ async fn max_hold_stops_renewal(cx: &Ctx) -> CaseResult {
     );
     let g2 = b.lock(&key).wait(cx.soon()).acquire().await?;
     g2.release().await?;
+    Ok(())
+}
+
+/// Re-entering a hold that was taken away (a steal, an expired session) must
+/// not hand the old hold back: the backend takes the lock anew.
+async fn reentry_after_a_stolen_hold_is_a_new_hold(cx: &Ctx) -> CaseResult {
+    let (a, b) = (cx.locker().await?, cx.locker().await?);
+    let key = cx.key("k");
+    let owner = "reentry-owner";
+    let g1 = a.lock(&key).owner(owner).ttl(cx.ttl).acquire().await?;
+    cx.harness.steal(&Key::new(&key)?).await?;
+    let g2 = a
+        .lock(&key)
+        .owner(owner)
+        .ttl(cx.ttl)
+        .wait(cx.soon())
+        .acquire()
+        .await?;
+    if cx.caps.fencing {
+        ensure!(
+            g2.token() > g1.token(),
+            "re-entry after the hold was stolen got token {:?}, the lost hold had {:?}",
+            g2.token(),
+            g1.token()
+        );
+    }
+    ensure!(
+        b.lock(&key).try_acquire().await?.is_none(),
+        "re-entry after the hold was stolen granted a lock that nobody holds"
+    );
+    g2.release().await?;
+    let _ = g1.release().await;
     Ok(())
 }
 

@@ -418,20 +418,43 @@ impl ZooKeeperBackend {
         }
     }
 
-    /// A hold this client already has for the request's owner, if any.
-    fn reenter(&self, req: &Request, requested_at: Instant) -> Result<Option<Grant>> {
-        let mut holds = lock(&self.inner.holds);
-        let Some(h) = holds.get_mut(&(req.key.clone(), req.owner.clone())) else {
+    /// A hold this client already has for the request's owner, if any —
+    /// checked on the server first: a node that is gone (deleted, or its
+    /// session expired) is not handed back; the hold is forgotten and the lock
+    /// taken anew.
+    async fn reenter(&self, req: &Request, requested_at: Instant) -> Result<Option<Grant>> {
+        let inner = &self.inner;
+        let id = (req.key.clone(), req.owner.clone());
+        let node = {
+            let holds = lock(&inner.holds);
+            let Some(h) = holds.get(&id) else {
+                return Ok(None);
+            };
+            if h.mode != req.mode {
+                return Err(Error::mode_mismatch(
+                    req.owner.as_str(),
+                    req.key.as_str(),
+                    h.mode,
+                    req.mode,
+                ));
+            }
+            h.node.clone()
+        };
+        let ours = match inner.client.check_stat(&node).await {
+            Ok(Some(stat)) => stat.ephemeral_owner == inner.client.session_id().0,
+            Ok(None) => false,
+            Err(e) => return Err(inner.err(e)),
+        };
+        let mut holds = lock(&inner.holds);
+        if !ours {
+            if holds.get(&id).is_some_and(|h| h.node == node) {
+                holds.remove(&id);
+            }
+            return Ok(None);
+        }
+        let Some(h) = holds.get_mut(&id) else {
             return Ok(None);
         };
-        if h.mode != req.mode {
-            return Err(Error::mode_mismatch(
-                req.owner.as_str(),
-                req.key.as_str(),
-                h.mode,
-                req.mode,
-            ));
-        }
         if req.reentrant {
             h.holds += 1;
         }
@@ -487,7 +510,7 @@ impl Backend for ZooKeeperBackend {
 
     async fn acquire(&self, req: &Request, deadline: Option<Instant>) -> Result<Option<Grant>> {
         let requested_at = Instant::now();
-        if let Some(g) = self.reenter(req, requested_at)? {
+        if let Some(g) = self.reenter(req, requested_at).await? {
             return Ok(Some(g));
         }
         let inner = &self.inner;
