@@ -18,14 +18,19 @@
 //!   grant close to the cost of a bare `pg_advisory_lock`.
 //! - Waiting: exclusive and shared waiters block in the server
 //!   (`pg_advisory_lock` with `lock_timeout` = the time left); semaphore
-//!   waiters poll with backoff.
+//!   waiters, and readers refused by permit holders, poll with backoff.
 //! - Semaphores: permit `i` is the advisory lock `hashtextextended(key, i)`,
 //!   taken with a shared hold of the key's lock, so writers exclude permit
-//!   holders.
+//!   holders. Readers and permit holders, both shared holders of that lock,
+//!   exclude each other through marks (`hashtextextended(key, -1)` for readers,
+//!   `-2` for permits): each side holds its own mark shared and then tries the
+//!   other's exclusively, letting go if that fails; a reader refused so polls.
+
+use std::time::Duration;
 
 use fencelock_core::{
-    Error, FencingToken, Grant, HolderInfo, Key, LeaseRef, LockInfo, Mode, Released, Renewal,
-    Request, Result, SessionHolds,
+    Backoff, Error, FencingToken, Grant, HolderInfo, Key, LeaseRef, LockInfo, Mode, Released,
+    Renewal, Request, Result, SessionHolds,
 };
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{Connection, Row};
@@ -54,7 +59,11 @@ pub(crate) const SCHEMA: &[&str] = &[
         RETURN f;
     END
     $fl$",
-    // wait_ms < 0: try once; 0: wait forever; else wait that long.
+    // wait_ms < 0: try once; 0: wait forever; else wait that long. Returns the
+    // token, NULL when not taken in time, -1 when semaphore permits hold the key
+    // (a reader let go again: readers and permit holders exclude each other —
+    // each side marks its kind with a shared lock first and then tries the
+    // other kind's mark exclusively, so of two racers at least one sees the other).
     r"CREATE OR REPLACE FUNCTION fencelock_advisory_take(k text, o text, shared boolean, wait_ms bigint, ttl_ms bigint)
     RETURNS bigint LANGUAGE plpgsql AS $fl$
     DECLARE
@@ -76,6 +85,14 @@ pub(crate) const SCHEMA: &[&str] = &[
                 RETURN NULL;
             END;
         END IF;
+        IF shared THEN
+            PERFORM pg_advisory_lock_shared(hashtextextended(k, -1));
+            IF NOT pg_try_advisory_lock(hashtextextended(k, -2)) THEN
+                PERFORM pg_advisory_unlock_all();
+                RETURN -1;
+            END IF;
+            PERFORM pg_advisory_unlock(hashtextextended(k, -2));
+        END IF;
         RETURN fencelock_advisory_granted(k, o, ttl_ms);
     END
     $fl$",
@@ -88,6 +105,13 @@ pub(crate) const SCHEMA: &[&str] = &[
         IF NOT pg_try_advisory_lock_shared(hashtextextended(k, 0)) THEN
             RETURN;
         END IF;
+        -- Readers hold the key: let go (see fencelock_advisory_take).
+        PERFORM pg_advisory_lock_shared(hashtextextended(k, -2));
+        IF NOT pg_try_advisory_lock(hashtextextended(k, -1)) THEN
+            PERFORM pg_advisory_unlock_all();
+            RETURN;
+        END IF;
+        PERFORM pg_advisory_unlock(hashtextextended(k, -1));
         FOR i IN 0 .. permits - 1 LOOP
             s := (first + i) % permits + 1;
             IF pg_try_advisory_lock(hashtextextended(k, s)) THEN
@@ -95,7 +119,7 @@ pub(crate) const SCHEMA: &[&str] = &[
                 RETURN;
             END IF;
         END LOOP;
-        PERFORM pg_advisory_unlock_shared(hashtextextended(k, 0));
+        PERFORM pg_advisory_unlock_all();
     END
     $fl$",
     // Lets go of the hold (false if the session did not have it), then of
@@ -174,6 +198,30 @@ impl Advisory {
         if let Some(grant) = self.holds.reenter(req, requested_at, ping).await? {
             return Ok(Some(grant));
         }
+        let mut backoff = Backoff::new(Duration::from_millis(2), Duration::from_millis(200));
+        loop {
+            match self.take(req, wait).await? {
+                Taken::Granted(grant) => return Ok(Some(grant)),
+                Taken::No => return Ok(None),
+                // A reader refused by semaphore permits: they are not queued in
+                // the server, so poll until the deadline.
+                Taken::OtherKind => {
+                    let deadline = match wait {
+                        None => return Ok(None),
+                        Some(d) => d,
+                    };
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Ok(None);
+                    }
+                    backoff.sleep(deadline, None).await;
+                }
+            }
+        }
+    }
+
+    /// One try (waiting in the server as `wait` says) on a session of its own.
+    async fn take(&self, req: &Request, wait: Option<Option<Instant>>) -> Result<Taken> {
+        let requested_at = Instant::now();
         let mut conn = self.session().await?;
         let ttl_ms = req.ttl.as_millis().min(i32::MAX as u128) as i64;
         let taken = match req.mode {
@@ -220,14 +268,19 @@ impl Advisory {
         };
         // On an error the connection is dropped: closing the session lets go of
         // anything it may have taken.
-        let Some((token, slot)) = taken.map_err(|e| self.err(e))? else {
+        let taken = taken.map_err(|e| self.err(e))?;
+        let Some((token, slot)) = taken.filter(|(token, _)| *token >= 0) else {
             self.holds.put_idle(conn, 0);
-            return Ok(None);
+            return Ok(if taken.is_some() {
+                Taken::OtherKind
+            } else {
+                Taken::No
+            });
         };
         let grant = self
             .holds
             .insert(req, token as u64, slot as u32, conn, requested_at);
-        Ok(Some(grant))
+        Ok(Taken::Granted(grant))
     }
 
     /// Pings each lease's session (which also restarts its idle timeout).
@@ -351,4 +404,13 @@ async fn ping(c: &mut PgConnection) -> std::result::Result<(), String> {
         .await
         .map(|_| ())
         .map_err(|e| e.to_string())
+}
+
+/// How one try of [`Advisory::take`] ended.
+enum Taken {
+    Granted(Grant),
+    /// Not taken (busy, or the wait ran out).
+    No,
+    /// A reader refused because semaphore permits hold the key.
+    OtherKind,
 }
