@@ -139,6 +139,13 @@ pub enum Renewal {
         /// Why, in the backend's words.
         reason: String,
     },
+    /// Nothing was learned about this lease (the server that keeps it did not
+    /// answer), while others of the batch were renewed: the watchdog retries
+    /// it until its deadline, as after an error of the whole batch.
+    Unknown {
+        /// Why, in the backend's words.
+        reason: String,
+    },
 }
 
 /// The outcome of a successful release.
@@ -269,7 +276,12 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Renews many leases in one round trip (the watchdog's batch). Returns one
     /// [`Renewal`] per lease, in order. A lease that is no longer held is
-    /// [`Renewal::Lost`]; it is never re-created.
+    /// [`Renewal::Lost`]; it is never re-created. A renewal only extends: the
+    /// hold's expiry becomes at least now + the lease's TTL, never earlier than
+    /// it was (another hold of the same owner may have asked for more).
+    /// Backends that keep leases on several servers report a lease whose
+    /// server did not answer as [`Renewal::Unknown`], so one stalled server
+    /// costs only its own leases.
     ///
     /// # Errors
     ///

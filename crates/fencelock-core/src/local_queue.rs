@@ -238,7 +238,11 @@ impl Drop for Turn<'_> {
     fn drop(&mut self) {
         lock(&self.line.waiters).retain(|o| !Arc::ptr_eq(o, &self.offer));
         // Not finished normally (cancelled): give back what was handed meanwhile.
-        self.offer.abandon_on_drop();
+        // Its releaser carried the local hold on to this waiter; it ends here.
+        if self.offer.abandon_on_drop() {
+            self.line.holders.fetch_sub(1, Ordering::SeqCst);
+            self.line.holder_gone.notify_waiters();
+        }
         self.permit.take();
         // The map, this turn and its local `line` clone in `join` are gone by now.
         self.queues.forget_if_idle(&self.key, &self.line, 1);
@@ -335,11 +339,18 @@ impl Offer {
     }
 
     /// The waiter's side when its own attempt succeeded: a handoff in flight or
-    /// delivered is for the very same hold, so it needs no undoing.
-    pub(crate) fn done(&self) {
+    /// delivered is for the very same hold, so it needs no undoing. Returns
+    /// whether a handoff was delivered all the same (then its releaser carried
+    /// the local hold on to this waiter).
+    pub(crate) fn done(&self) -> bool {
         let mut stage = lock(&self.stage);
-        if !matches!(*stage, Stage::Abandoned) {
-            *stage = Stage::Done;
+        match std::mem::replace(&mut *stage, Stage::Done) {
+            Stage::Delivered(_) => true,
+            Stage::Abandoned => {
+                *stage = Stage::Abandoned;
+                false
+            }
+            _ => false,
         }
     }
 
@@ -361,10 +372,15 @@ impl Offer {
         }
     }
 
-    /// [`Offer::abandon`] for a waiter that is dropped: a delivered grant is given back.
-    fn abandon_on_drop(&self) {
-        if let Some(g) = self.abandon() {
-            self.give_back(g);
+    /// [`Offer::abandon`] for a waiter that is dropped: a delivered grant is
+    /// given back. Returns whether there was one.
+    fn abandon_on_drop(&self) -> bool {
+        match self.abandon() {
+            Some(g) => {
+                self.give_back(g);
+                true
+            }
+            None => false,
         }
     }
 
@@ -411,7 +427,7 @@ mod tests {
             tasks.push(tokio::spawn(async move {
                 let t = q.join(&key, &req(i), &backend, None).await;
                 assert!(t.is_head());
-                t.offer().done();
+                assert!(!t.offer().done());
                 order.lock().unwrap().push(i);
             }));
             tokio::task::yield_now().await; // let it join the line before the next
@@ -429,7 +445,7 @@ mod tests {
             "a waiter got a turn while the head held it"
         );
         drop(late);
-        first.offer().done();
+        assert!(!first.offer().done());
         drop(first);
         for t in tasks {
             t.await.unwrap();
@@ -452,7 +468,7 @@ mod tests {
             futures::poll!(&mut second).is_pending(),
             "the second waiter got in beside the head"
         );
-        head.offer().done();
+        assert!(!head.offer().done());
         drop(head);
         let offer = q.take_offer(&key).expect("the first waiter's offer");
         assert_eq!(offer.request().owner.as_str(), "o1");
@@ -460,5 +476,95 @@ mod tests {
         assert!(offer.complete(Some(grant)));
         let turn = second.await;
         assert_eq!(turn.offer().take_delivered().map(|g| g.holds), Some(1));
+    }
+
+    /// A memory backend whose `try_acquire` can be held at the door: it says
+    /// when a call arrived and lets it through when told (to order a head's
+    /// re-check after a handoff, as a slow link would).
+    struct Gated {
+        inner: MemoryBackend,
+        armed: std::sync::atomic::AtomicBool,
+        arrived: Notify,
+        go: Notify,
+    }
+
+    #[crate::async_trait]
+    impl Backend for Gated {
+        fn name(&self) -> &'static str {
+            "gated"
+        }
+        fn capabilities(&self) -> crate::Capabilities {
+            self.inner.capabilities()
+        }
+        async fn try_acquire(&self, req: &Request) -> crate::Result<Option<Grant>> {
+            if self.armed.swap(false, Ordering::SeqCst) {
+                let go = self.go.notified();
+                self.arrived.notify_one();
+                go.await;
+            }
+            self.inner.try_acquire(req).await
+        }
+        async fn renew(&self, l: &[LeaseRef]) -> crate::Result<Vec<crate::Renewal>> {
+            self.inner.renew(l).await
+        }
+        async fn release(&self, l: &LeaseRef) -> crate::Result<crate::Released> {
+            self.inner.release(l).await
+        }
+        async fn release_to(
+            &self,
+            l: &LeaseRef,
+            next: &Request,
+        ) -> crate::Result<(crate::Released, Option<Grant>)> {
+            self.inner.release_to(l, next).await
+        }
+    }
+
+    fn idle(locker: &crate::Locker) -> bool {
+        locker.shared.queues.lines.lock().unwrap().is_empty()
+    }
+
+    #[tokio::test]
+    async fn a_handoff_that_lands_during_the_heads_recheck_is_counted_once() {
+        let gated = Arc::new(Gated {
+            inner: MemoryBackend::new(),
+            armed: false.into(),
+            arrived: Notify::new(),
+            go: Notify::new(),
+        });
+        let locker = crate::Locker::from_arc(gated.clone());
+        let first = locker.lock("k").acquire().await.unwrap();
+        // The head waits behind a local holder and re-checks the backend
+        // after a second; that re-check is held at the door.
+        gated.armed.store(true, Ordering::SeqCst);
+        let head = tokio::spawn({
+            let locker = locker.clone();
+            async move { locker.lock("k").acquire().await }
+        });
+        gated.arrived.notified().await;
+        // The holder releases meanwhile: the lock is handed to the head.
+        first.release().await.unwrap();
+        // Then the re-check reaches the backend and finds the handed hold.
+        gated.go.notify_one();
+        let second = head.await.unwrap().unwrap();
+        second.release().await.unwrap();
+        assert!(idle(&locker), "the line still counts a local holder");
+    }
+
+    #[tokio::test]
+    async fn a_waiter_dropped_after_a_handoff_reached_it_leaves_no_holder_behind() {
+        let locker = crate::Locker::new(MemoryBackend::new());
+        let first = locker.lock("k").acquire().await.unwrap();
+        let mut waiter = Box::pin(locker.lock("k").acquire());
+        assert!(
+            futures::poll!(&mut waiter).is_pending(),
+            "granted beside a holder"
+        );
+        // Handed to the waiter, which is dropped before it looks.
+        first.release().await.unwrap();
+        drop(waiter);
+        tokio::task::yield_now().await;
+        assert!(idle(&locker), "the line still counts a local holder");
+        let g = locker.lock("k").try_acquire().await.unwrap();
+        assert!(g.is_some(), "the handed hold was not given back");
     }
 }

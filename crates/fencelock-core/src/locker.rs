@@ -92,7 +92,7 @@ impl Shared {
 /// ```
 #[derive(Clone)]
 pub struct Locker {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
 }
 
 impl Locker {
@@ -548,9 +548,11 @@ pub(crate) async fn acquire_one(
             Ok(None)
         };
         let (grant, handed) = match outcome {
+            // A handoff delivered meanwhile is the same hold, whose local hold
+            // its releaser carried on to this waiter: count it once.
             Ok(Some((g, handed))) => {
-                offer.done();
-                (Some(g), handed)
+                let delivered = offer.done();
+                (Some(g), handed || delivered)
             }
             // Gave up: a handoff may have arrived meanwhile; take it.
             Ok(None) => (offer.abandon(), true),

@@ -303,7 +303,7 @@ impl Backend for MemoryBackend {
                 });
                 match held {
                     Some(h) => {
-                        h.expires_at = now + lease.ttl;
+                        h.expires_at = h.expires_at.max(now + lease.ttl);
                         Renewal::Held { ttl: lease.ttl }
                     }
                     None => Renewal::Lost {

@@ -5,7 +5,7 @@ use std::fmt;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::guard::Guard;
+use crate::guard::{Guard, LostReason};
 use crate::key::Key;
 use crate::locker::{LockOptions, Locker, Wait, acquire_one, option_setters};
 use crate::mode::Mode;
@@ -16,7 +16,10 @@ use crate::token::FencingToken;
 ///
 /// Keys are taken in sorted order (so two multi-locks over overlapping keys
 /// cannot deadlock), duplicates once; if one cannot be had within the wait, those
-/// already taken are released and the error is returned.
+/// already taken are released and the error is returned. A hold lost while a
+/// later key was awaited is never returned: when all keys are taken, every
+/// lease is checked, and if one was lost, all are released and the keys are
+/// taken again, in order, within the same wait.
 ///
 /// # Examples
 ///
@@ -70,8 +73,10 @@ impl MultiLockBuilder {
     ///
     /// # Errors
     ///
-    /// As [`LockBuilder::acquire`](crate::LockBuilder::acquire); on any error the
-    /// keys already taken have been released.
+    /// As [`LockBuilder::acquire`](crate::LockBuilder::acquire), plus
+    /// [`Error::Lost`] when a hold was lost while a later key was awaited and
+    /// the wait ran out before all could be taken again; on any error the keys
+    /// already taken have been released.
     ///
     /// # Cancel safety
     ///
@@ -85,32 +90,57 @@ impl MultiLockBuilder {
             .collect::<Result<Vec<_>>>()?;
         let start = Instant::now();
         let deadline = self.opts.deadline(start);
-        let mut guards = Vec::with_capacity(requests.len());
-        for req in &requests {
-            // Every key shares the one deadline of the whole request.
-            let mut opts = self.opts.clone();
-            opts.wait = match deadline {
-                None => Wait::Forever,
-                Some(d) => Wait::For(d.saturating_duration_since(Instant::now())),
+        loop {
+            let guards = take_all(&self.locker, &self.opts, &requests, deadline, start).await?;
+            let Some(lost) = guards.iter().find(|g| !g.is_valid()) else {
+                return Ok(MultiGuard { guards });
             };
-            match acquire_one(&self.locker, req, &opts).await {
-                Ok(g) => guards.push(g),
-                Err(e) => {
-                    for g in guards.into_iter().rev() {
-                        let _ = g.release().await;
-                    }
-                    return Err(match e {
-                        Error::Timeout { key, .. } => Error::Timeout {
-                            key,
-                            waited: start.elapsed(),
-                        },
-                        other => other,
-                    });
-                }
+            let key = lost.key().to_string();
+            let reason = lost.lease().lost_reason().unwrap_or(LostReason::Expired);
+            tracing::debug!(%key, %reason, "a multi-lock hold was lost while a later key was awaited; taking every key again");
+            for g in guards.into_iter().rev() {
+                let _ = g.release().await;
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(Error::Lost { key, reason });
             }
         }
-        Ok(MultiGuard { guards })
     }
+}
+
+/// Takes every key in order within `deadline`, or none.
+async fn take_all(
+    locker: &Locker,
+    options: &LockOptions,
+    requests: &[crate::backend::Request],
+    deadline: Option<Instant>,
+    start: Instant,
+) -> Result<Vec<Guard>> {
+    let mut guards = Vec::with_capacity(requests.len());
+    for req in requests {
+        // Every key shares the one deadline of the whole request.
+        let mut opts = options.clone();
+        opts.wait = match deadline {
+            None => Wait::Forever,
+            Some(d) => Wait::For(d.saturating_duration_since(Instant::now())),
+        };
+        match acquire_one(locker, req, &opts).await {
+            Ok(g) => guards.push(g),
+            Err(e) => {
+                for g in guards.into_iter().rev() {
+                    let _ = g.release().await;
+                }
+                return Err(match e {
+                    Error::Timeout { key, .. } => Error::Timeout {
+                        key,
+                        waited: start.elapsed(),
+                    },
+                    other => other,
+                });
+            }
+        }
+    }
+    Ok(guards)
 }
 
 /// Holds several locks taken together by [`MultiLockBuilder::acquire`].

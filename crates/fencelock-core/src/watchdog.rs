@@ -141,7 +141,7 @@ pub(crate) async fn run(
 
 async fn tick(backend: &Arc<dyn Backend>, watchdog: &Watchdog) {
     let now = Instant::now();
-    let (due, leases, limit) = {
+    let (healthy, retrying) = {
         let mut s = watchdog.lock();
         // Forget holds that are gone; mark those whose deadline passed.
         s.entries.retain(|_, e| {
@@ -160,23 +160,50 @@ async fn tick(backend: &Arc<dyn Backend>, watchdog: &Watchdog) {
                 });
             }
         }
-        let due: Vec<u64> = s
-            .entries
-            .iter()
-            .filter(|(_, e)| e.renewing(now) && e.next_renew <= now + batch_window(e.lease.ttl))
-            .map(|(id, _)| *id)
-            .collect();
-        let leases: Vec<LeaseRef> = due.iter().map(|id| s.entries[id].lease.clone()).collect();
-        let limit = due
-            .iter()
-            .map(|id| s.entries[id].state.borrow().deadline)
-            .min()
-            .unwrap_or(now);
-        (due, leases, limit)
+        // Leases whose last renewal failed go in a batch of their own: a
+        // server that stalls must not hold up the renewal of the others
+        // (a batch is bounded by the earliest deadline in it).
+        let mut healthy = Batch::default();
+        let mut retrying = Batch::default();
+        for (id, e) in &s.entries {
+            if e.renewing(now) && e.next_renew <= now + batch_window(e.lease.ttl) {
+                let failing = matches!(e.state.borrow().on_expiry, LostReason::RenewFailed(_));
+                let batch = if failing { &mut retrying } else { &mut healthy };
+                batch.add(*id, e);
+            }
+        }
+        (healthy, retrying)
     };
-    if due.is_empty() {
-        return;
+    futures::future::join(
+        renew_batch(backend, watchdog, healthy),
+        renew_batch(backend, watchdog, retrying),
+    )
+    .await;
+}
+
+/// Leases renewed in one call.
+#[derive(Default)]
+struct Batch {
+    ids: Vec<u64>,
+    leases: Vec<LeaseRef>,
+    /// The earliest deadline among them: the call must answer before it.
+    limit: Option<Instant>,
+}
+
+impl Batch {
+    fn add(&mut self, id: u64, e: &Registration) {
+        let deadline = e.state.borrow().deadline;
+        self.ids.push(id);
+        self.leases.push(e.lease.clone());
+        self.limit = Some(self.limit.map_or(deadline, |l| l.min(deadline)));
     }
+}
+
+async fn renew_batch(backend: &Arc<dyn Backend>, watchdog: &Watchdog, batch: Batch) {
+    let Batch { ids, leases, limit } = batch;
+    let Some(limit) = limit else {
+        return;
+    };
     let started = Instant::now();
     let span = tracing::debug_span!(
         "fencelock.renew",
@@ -195,47 +222,54 @@ async fn tick(backend: &Arc<dyn Backend>, watchdog: &Watchdog) {
             Err(_) => Err("renewal timed out".to_string()),
         };
     let mut s = watchdog.lock();
-    match outcome {
-        Ok(renewals) => {
-            for (id, renewal) in due.iter().zip(renewals) {
-                // Released while the renewal was in flight: nothing to update.
-                let Some(e) = s.entries.get_mut(id) else {
-                    continue;
-                };
-                match renewal {
-                    Renewal::Held { ttl } => {
-                        let deadline = validity_deadline(started, ttl);
-                        let updated = e.state.send_if_modified(|st| {
-                            if st.lost.is_some() {
-                                return false;
-                            }
-                            st.deadline = deadline;
-                            st.on_expiry = LostReason::Expired;
-                            true
-                        });
-                        if updated {
-                            e.next_renew = started + ttl / 3;
-                        } else {
-                            s.entries.remove(id);
-                        }
-                    }
-                    Renewal::Lost { reason } => {
-                        tracing::warn!(key = %e.lease.key, backend = backend.name(), %reason, "lease lost: the backend no longer holds it");
-                        mark_lost(&e.state, LostReason::NotHeld(reason));
-                        s.entries.remove(id);
-                    }
-                }
-            }
-        }
+    let retry_at = Instant::now();
+    let failed = |e: &mut Registration, why: String| {
+        e.state
+            .send_modify(|st| st.on_expiry = LostReason::RenewFailed(why));
+        e.next_renew = retry_at + retry_delay(e.lease.ttl);
+    };
+    let renewals = match outcome {
+        Ok(renewals) => renewals,
         Err(msg) => {
             tracing::debug!(backend = backend.name(), error = %msg, "renewal failed; retrying until the deadline");
-            let retry_at = Instant::now();
-            for id in &due {
+            for id in &ids {
                 if let Some(e) = s.entries.get_mut(id) {
-                    e.state
-                        .send_modify(|st| st.on_expiry = LostReason::RenewFailed(msg.clone()));
-                    e.next_renew = retry_at + retry_delay(e.lease.ttl);
+                    failed(e, msg.clone());
                 }
+            }
+            return;
+        }
+    };
+    for (id, renewal) in ids.iter().zip(renewals) {
+        // Released while the renewal was in flight: nothing to update.
+        let Some(e) = s.entries.get_mut(id) else {
+            continue;
+        };
+        match renewal {
+            Renewal::Held { ttl } => {
+                let deadline = validity_deadline(started, ttl);
+                let updated = e.state.send_if_modified(|st| {
+                    if st.lost.is_some() {
+                        return false;
+                    }
+                    st.deadline = deadline;
+                    st.on_expiry = LostReason::Expired;
+                    true
+                });
+                if updated {
+                    e.next_renew = started + ttl / 3;
+                } else {
+                    s.entries.remove(id);
+                }
+            }
+            Renewal::Lost { reason } => {
+                tracing::warn!(key = %e.lease.key, backend = backend.name(), %reason, "lease lost: the backend no longer holds it");
+                mark_lost(&e.state, LostReason::NotHeld(reason));
+                s.entries.remove(id);
+            }
+            Renewal::Unknown { reason } => {
+                tracing::debug!(key = %e.lease.key, backend = backend.name(), %reason, "renewal failed; retrying until the deadline");
+                failed(e, reason);
             }
         }
     }

@@ -1,6 +1,6 @@
 //! How a lock is kept in memcached: the item name of a key, and the value of
-//! a held item (`fencelock1 <holds>`, the owner and the key, one per line;
-//! neither may contain a control character).
+//! a held item (`fencelock1 <holds> <expiry secs>`, the owner and the key, one
+//! per line; neither may contain a control character).
 
 use sha2::{Digest, Sha256};
 
@@ -24,6 +24,10 @@ pub(crate) fn item_name(prefix: &str, key: &str) -> String {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Holder {
     pub(crate) holds: u32,
+    /// The longest expiry (seconds) any of the owner's holds asked for: every
+    /// renewal writes at least this, so one hold's short TTL never cuts
+    /// another's long one.
+    pub(crate) secs: u64,
     pub(crate) owner: String,
     /// The lock's key (the item name may be its hash).
     pub(crate) key: String,
@@ -31,16 +35,21 @@ pub(crate) struct Holder {
 
 impl Holder {
     pub(crate) fn encode(&self) -> String {
-        format!("fencelock1 {}\n{}\n{}", self.holds, self.owner, self.key)
+        format!(
+            "fencelock1 {} {}\n{}\n{}",
+            self.holds, self.secs, self.owner, self.key
+        )
     }
 
     /// `None` for a value fencelock did not write.
     pub(crate) fn decode(data: &[u8]) -> Option<Holder> {
         let text = std::str::from_utf8(data).ok()?;
         let mut lines = text.strip_prefix("fencelock1 ")?.split('\n');
-        let (holds, owner, key) = (lines.next()?, lines.next()?, lines.next()?);
+        let (head, owner, key) = (lines.next()?, lines.next()?, lines.next()?);
+        let (holds, secs) = head.split_once(' ').unwrap_or((head, "0"));
         Some(Holder {
             holds: holds.parse().ok()?,
+            secs: secs.parse().ok()?,
             owner: owner.to_string(),
             key: key.to_string(),
         })
@@ -50,6 +59,14 @@ impl Holder {
     pub(crate) fn with_holds(&self, holds: u32) -> Holder {
         Holder {
             holds,
+            ..self.clone()
+        }
+    }
+
+    /// The same holder, asking for an expiry of at least `secs`.
+    pub(crate) fn at_least(&self, secs: u64) -> Holder {
+        Holder {
+            secs: self.secs.max(secs),
             ..self.clone()
         }
     }
@@ -74,6 +91,7 @@ mod tests {
     fn values_round_trip() {
         let h = Holder {
             holds: 3,
+            secs: 31,
             owner: "o w n e r".into(),
             key: "k e y".into(),
         };

@@ -329,6 +329,7 @@ impl MemcachedBackend {
             let requested_at = Instant::now();
             let mine = Holder {
                 holds: 1,
+                secs,
                 owner: req.owner.to_string(),
                 key: req.key.to_string(),
             };
@@ -343,8 +344,8 @@ impl MemcachedBackend {
                     if !req.reentrant {
                         return Ok(Ok(Grant::new(None, req.ttl, h.holds, requested_at)));
                     }
-                    let more = h.with_holds(h.holds + 1);
-                    let keep = secs.max(u64::try_from(now.secs_left).unwrap_or(0));
+                    let more = h.with_holds(h.holds + 1).at_least(secs);
+                    let keep = more.secs.max(u64::try_from(now.secs_left).unwrap_or(0));
                     if self.replace(&name, &more, now.cas, keep).await? {
                         return Ok(Ok(Grant::new(None, req.ttl, more.holds, requested_at)));
                     }
@@ -360,8 +361,9 @@ impl MemcachedBackend {
     async fn renew_one(&self, lease: &LeaseRef) -> Result<Renewal> {
         let name = self.name(&lease.key);
         let secs = expiry_secs(lease.ttl)?;
+        // Only ever extend: another hold of the same owner may have asked for more.
         if let Some((h, cas)) = self.recall(&name, lease.owner.as_str())
-            && self.replace(&name, &h, cas, secs).await?
+            && self.replace(&name, &h, cas, h.secs.max(secs)).await?
         {
             return Ok(Renewal::Held { ttl: lease.ttl });
         }
@@ -376,7 +378,8 @@ impl MemcachedBackend {
                     reason: "another owner holds the item now".into(),
                 });
             };
-            if self.replace(&name, &h, now.cas, secs).await? {
+            let keep = h.secs.max(secs);
+            if self.replace(&name, &h, now.cas, keep).await? {
                 return Ok(Renewal::Held { ttl: lease.ttl });
             }
         }

@@ -168,7 +168,7 @@ pub(crate) async fn renew(db: &Db, leases: &[LeaseRef]) -> Result<Vec<Renewal>> 
     let mut tx = db.pool.begin().await.map_err(db.err())?;
     for l in leases {
         sqlx::query(
-            "UPDATE fencelock_locks SET expires_at = NOW(6) + INTERVAL ? MICROSECOND
+            "UPDATE fencelock_locks SET expires_at = GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND)
              WHERE lock_key = ? AND owner = ? AND owner <> '' AND expires_at > NOW(6)",
         )
         .bind(micros(l.ttl))
@@ -180,7 +180,7 @@ pub(crate) async fn renew(db: &Db, leases: &[LeaseRef]) -> Result<Vec<Renewal>> 
     }
     let mut out = Vec::with_capacity(leases.len());
     for l in leases {
-        // Renewed rows now expire a TTL from now; expired ones were left alone.
+        // Renewed rows now expire a TTL from now at the earliest; expired ones were left alone.
         let held: Option<i64> = sqlx::query_scalar(
             "SELECT 1 FROM fencelock_locks WHERE lock_key = ? AND owner = ? AND owner <> '' AND expires_at > NOW(6)",
         )

@@ -164,7 +164,7 @@ pub(crate) async fn renew(db: &Db, leases: &[LeaseRef]) -> Result<Vec<Renewal>> 
     let owners: Vec<&str> = leases.iter().map(|l| l.owner.as_str()).collect();
     let ttls: Vec<i64> = leases.iter().map(|l| l.ttl.as_millis() as i64).collect();
     let renewed: Vec<(String, String)> = sqlx::query_as(
-        "UPDATE fencelock_locks l SET expires_at = now() + u.ttl * interval '1 millisecond'
+        "UPDATE fencelock_locks l SET expires_at = greatest(l.expires_at, now() + u.ttl * interval '1 millisecond')
          FROM unnest($1::text[], $2::text[], $3::bigint[]) AS u(k, o, ttl)
          WHERE l.key = u.k AND l.owner = u.o AND u.o <> '' AND l.expires_at > now()
          RETURNING l.key, l.owner",

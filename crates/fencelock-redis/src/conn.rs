@@ -8,16 +8,16 @@ use fencelock_core::{Error, Result, redact_url};
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{
-    MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo, SingleNodeRoutingInfo,
+    MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
 use redis::{
-    Cmd, FromRedisValue, IntoConnectionInfo, ProtocolVersion, PushInfo, RedisError,
-    ScriptInvocation, Value,
+    Cmd, FromRedisValue, IntoConnectionInfo, ProtocolVersion, PushInfo, RedisError, Value,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::node::NAME;
 use crate::options::{RedisOptions, Target};
+use crate::scripts::Call;
 
 #[derive(Clone)]
 pub(crate) enum Conn {
@@ -171,21 +171,30 @@ impl Conn {
         }
     }
 
-    /// EVALSHA, loading the script on NOSCRIPT. A `SCRIPT FLUSH` between the
-    /// load and the call yields NOSCRIPT again; that is retried a few times.
-    pub(crate) async fn invoke<T: FromRedisValue>(
-        &self,
-        inv: &ScriptInvocation<'_>,
-    ) -> redis::RedisResult<T> {
+    /// EVALSHA, loading the script on NOSCRIPT. On a cluster the script is
+    /// loaded only on the primary that serves the call's key (redis-rs would
+    /// load it on every node, so one stalled node would hold every call up).
+    /// A `SCRIPT FLUSH` between the load and the call yields NOSCRIPT again;
+    /// that is retried a few times.
+    pub(crate) async fn invoke<T: FromRedisValue>(&self, call: Call<'_>) -> redis::RedisResult<T> {
+        let evalsha = call.evalsha();
         let mut tries = 0;
         loop {
-            let r = match self {
-                Conn::Single(c) => inv.invoke_async(&mut c.clone()).await,
-                Conn::Cluster(c) => inv.invoke_async(&mut c.clone()).await,
-            };
-            match r {
+            match self.query(&evalsha).await {
                 Err(e) if tries < 3 && is_noscript(&e) => tries += 1,
                 other => return other,
+            }
+            let load = call.lua().load_cmd();
+            match (self, call.first_key()) {
+                (Conn::Cluster(c), Some(key)) => {
+                    let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                        Route::with_key(key, SlotAddr::Master),
+                    ));
+                    c.clone().route_command(load, route).await?;
+                }
+                _ => {
+                    self.query::<String>(&load).await?;
+                }
             }
         }
     }

@@ -90,7 +90,7 @@ use fencelock_core::{
 };
 use tokio::time::Instant;
 
-use node::{Attempt, NAME, Node};
+use node::{Attempt, NAME, Node, Op};
 pub use options::RedisOptions;
 use options::Target;
 pub use redlock::RedlockBackend;
@@ -135,6 +135,53 @@ impl Drop for InLine {
             let (key, owner) = (self.key.clone(), std::mem::take(&mut self.owner));
             h.spawn(async move {
                 let _ = b.node().leave_line(&key, &owner).await;
+            });
+        }
+    }
+}
+
+/// An acquire op in flight. If the caller drops it (a cancelled acquire)
+/// before its outcome was taken, a spawned task undoes the op: exactly the
+/// hold it created or added is taken back, and should the request reach Redis
+/// only later, it grants nothing. So a dropped acquire leaves no orphan hold.
+struct Pending {
+    backend: Option<RedisBackend>,
+    key: Key,
+    owner: String,
+    op: Op,
+}
+
+impl Pending {
+    fn new(backend: &RedisBackend, req: &Request) -> Pending {
+        Pending {
+            backend: Some(backend.clone()),
+            key: req.key.clone(),
+            owner: req.owner.to_string(),
+            op: backend.node().op(),
+        }
+    }
+
+    /// The outcome was taken: nothing to undo.
+    fn settle(mut self) {
+        self.backend = None;
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some(b) = self.backend.take()
+            && let Ok(h) = tokio::runtime::Handle::try_current()
+        {
+            let (key, owner, op) = (
+                self.key.clone(),
+                std::mem::take(&mut self.owner),
+                self.op.clone(),
+            );
+            h.spawn(async move {
+                match b.node().undo(&key, &owner, &op).await {
+                    Ok(_) => tracing::debug!(key = %key, "a cancelled acquire was undone"),
+                    Err(e) => tracing::debug!(key = %key, error = %e, "undoing a cancelled acquire failed; a hold it made expires after its TTL"),
+                }
             });
         }
     }
@@ -190,13 +237,14 @@ impl RedisBackend {
         &self.inner.node
     }
 
-    /// `WAIT`s for the configured replicas; undoes the grant if too few answer.
-    async fn confirm_replicas(&self, req: &Request, grant: &Grant) -> Result<()> {
+    /// `WAIT`s for the configured replicas; if too few answer, undoes what op
+    /// `op` granted `owner` on `key` and fails.
+    async fn confirm_replicas(&self, key: &Key, owner: &str, op: &Op) -> Result<()> {
         let want = self.inner.options.wait_replicas;
         if want == 0 {
             return Ok(());
         }
-        let acked: i64 = self
+        let acked: Result<i64> = self
             .node()
             .conn
             .query(
@@ -205,11 +253,16 @@ impl RedisBackend {
                     .arg(self.inner.options.wait_timeout.as_millis() as u64),
             )
             .await
-            .map_err(|e| self.node().err(e))?;
-        if acked >= i64::from(want) {
-            return Ok(());
-        }
-        let _ = self.release(&LeaseRef::new(req, grant)).await;
+            .map_err(|e| self.node().err(e));
+        let acked = match acked {
+            Ok(n) if n >= i64::from(want) => return Ok(()),
+            Ok(n) => n,
+            Err(e) => {
+                let _ = self.node().undo(key, owner, op).await;
+                return Err(e);
+            }
+        };
+        let _ = self.node().undo(key, owner, op).await;
         Err(Error::backend(
             NAME,
             format!(
@@ -217,6 +270,36 @@ impl RedisBackend {
                 self.inner.options.wait_timeout
             ),
         ))
+    }
+
+    /// One acquire attempt as its own op: the grant, or how long the first
+    /// holder has left. The op is undone if the caller drops it before the
+    /// outcome (including the replicas' acknowledgement) is known, or if it
+    /// fails (then it may have run).
+    async fn attempt(
+        &self,
+        req: &Request,
+        queue: Duration,
+    ) -> Result<std::result::Result<Grant, Duration>> {
+        let pending = Pending::new(self, req);
+        let requested_at = Instant::now();
+        match self.node().attempt(req, 0, queue, &pending.op).await? {
+            Attempt::Granted { token, holds, .. } => {
+                self.confirm_replicas(&req.key, req.owner.as_str(), &pending.op)
+                    .await?;
+                pending.settle();
+                Ok(Ok(Grant::new(
+                    Some(FencingToken::new(token)),
+                    req.ttl,
+                    holds,
+                    requested_at,
+                )))
+            }
+            Attempt::Busy { left, .. } => {
+                pending.settle();
+                Ok(Err(left))
+            }
+        }
     }
 
     /// Deletes every hold of `key` at once (an operator breaking a lock; the
@@ -296,23 +379,26 @@ impl RedisBackend {
         next: Option<&Request>,
     ) -> Result<(Released, Option<Grant>)> {
         let requested_at = Instant::now();
-        let (left, handed) = self.node().release(lease, next, 0).await?;
+        let op = self.node().op();
+        let (left, handed) = self.node().release(lease, next, 0, &op).await?;
         if left < 0 {
             return Err(Error::NotHeld {
                 key: lease.key.to_string(),
                 owner: lease.owner.to_string(),
             });
         }
-        let grant = match next {
-            Some(n) if handed > 0 => Some(Grant::new(
-                Some(FencingToken::new(handed)),
-                n.ttl,
-                1,
-                requested_at,
-            )),
-            _ => None,
+        let released = Released::new(left as u32);
+        let Some(n) = next.filter(|_| handed > 0) else {
+            return Ok((released, None));
         };
-        Ok((Released::new(left as u32), grant))
+        // A handoff is a grant like any other: it counts once the replicas
+        // acknowledged it (undone otherwise; the waiter then waits on).
+        if let Err(e) = self.confirm_replicas(&n.key, n.owner.as_str(), &op).await {
+            tracing::debug!(key = %n.key, error = %e, "a handoff was undone");
+            return Ok((released, None));
+        }
+        let grant = Grant::new(Some(FencingToken::new(handed)), n.ttl, 1, requested_at);
+        Ok((released, Some(grant)))
     }
 
     async fn renew_single_script(&self, leases: &[LeaseRef]) -> Result<Vec<Renewal>> {
@@ -360,22 +446,10 @@ impl Backend for RedisBackend {
     }
 
     async fn try_acquire(&self, req: &Request) -> Result<Option<Grant>> {
-        let requested_at = Instant::now();
-        match self.node().attempt(req, 0, Duration::ZERO).await? {
-            Attempt::Granted { token, holds } => {
-                let grant =
-                    Grant::new(Some(FencingToken::new(token)), req.ttl, holds, requested_at);
-                self.confirm_replicas(req, &grant).await?;
-                Ok(Some(grant))
-            }
-            Attempt::Busy { .. } => Ok(None),
-        }
+        Ok(self.attempt(req, Duration::ZERO).await?.ok())
     }
 
     async fn acquire(&self, req: &Request, deadline: Option<Instant>) -> Result<Option<Grant>> {
-        let granted = |token: u64, holds: u32, at: Instant| {
-            Grant::new(Some(FencingToken::new(token)), req.ttl, holds, at)
-        };
         // A refused exclusive request stands in the key's line (see `scripts`)
         // unless it gives up at once.
         let queue = if deadline.is_some_and(|d| d <= Instant::now()) {
@@ -391,11 +465,8 @@ impl Backend for RedisBackend {
             owner: req.owner.to_string(),
         };
         // Uncontended: one round trip, no subscription.
-        let requested_at = Instant::now();
-        if let Attempt::Granted { token, holds } = self.node().attempt(req, 0, queue).await? {
+        if let Ok(grant) = self.attempt(req, queue).await? {
             in_line.granted();
-            let grant = granted(token, holds, requested_at);
-            self.confirm_replicas(req, &grant).await?;
             return Ok(Some(grant));
         }
         let watch = self.node().watch(&req.key).await?;
@@ -405,15 +476,12 @@ impl Backend for RedisBackend {
             let notified = watch.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let requested_at = Instant::now();
-            let left = match self.node().attempt(req, 0, queue).await? {
-                Attempt::Granted { token, holds } => {
+            let left = match self.attempt(req, queue).await? {
+                Ok(grant) => {
                     in_line.granted();
-                    let grant = granted(token, holds, requested_at);
-                    self.confirm_replicas(req, &grant).await?;
                     return Ok(Some(grant));
                 }
-                Attempt::Busy { left } => left,
+                Err(left) => left,
             };
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 in_line.leave().await;
@@ -443,16 +511,26 @@ impl Backend for RedisBackend {
         if !self.node().conn.is_cluster() {
             return self.renew_single_script(leases).await;
         }
-        // A cluster script may only touch one slot: one script per lease, concurrently.
-        let calls = leases
-            .iter()
-            .map(|l| self.renew_single_script(std::slice::from_ref(l)));
-        let replies = futures::future::join_all(calls).await;
-        let mut out = Vec::with_capacity(leases.len());
-        for r in replies {
-            out.extend(r?);
-        }
-        Ok(out)
+        // A cluster script may only touch one slot: one script per lease,
+        // concurrently, each bounded well inside its lease's validity, so a
+        // stalled primary costs only its own leases (reported unknown; the
+        // watchdog retries them until their deadlines).
+        let calls = leases.iter().map(|l| async move {
+            let one = self.renew_single_script(std::slice::from_ref(l));
+            match tokio::time::timeout(l.ttl / 3, one).await {
+                Ok(Ok(mut r)) if r.len() == 1 => r.remove(0),
+                Ok(Ok(r)) => Renewal::Unknown {
+                    reason: format!("{} answers for one lease", r.len()),
+                },
+                Ok(Err(e)) => Renewal::Unknown {
+                    reason: e.to_string(),
+                },
+                Err(_) => Renewal::Unknown {
+                    reason: format!("no answer within {:?}", l.ttl / 3),
+                },
+            }
+        });
+        Ok(futures::future::join_all(calls).await)
     }
 
     async fn release(&self, lease: &LeaseRef) -> Result<Released> {

@@ -31,8 +31,48 @@ pub(crate) struct LockKeys {
 
 /// What the acquire script said.
 pub(crate) enum Attempt {
-    Granted { token: u64, holds: u32 },
-    Busy { left: Duration },
+    /// Held (created by this op, or an existing hold of the owner).
+    Granted {
+        token: u64,
+        holds: u32,
+        /// The server's clock when it answered (µs since the epoch).
+        server_us: u64,
+    },
+    Busy {
+        left: Duration,
+        server_us: u64,
+    },
+}
+
+/// One operation's id: unique per call, so that a script that runs twice
+/// (a re-sent request) or is undone recognises it (see `scripts`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Op(String);
+
+impl Op {
+    pub(crate) fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Makes operation ids: a random prefix per client plus a counter.
+pub(crate) struct OpIds {
+    client: String,
+    next: AtomicU64,
+}
+
+impl OpIds {
+    pub(crate) fn new() -> OpIds {
+        OpIds {
+            client: format!("{:016x}", fastrand::u64(..)),
+            next: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn next(&self) -> Op {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        Op(format!("{}{n:x}", self.client))
+    }
 }
 
 pub(crate) struct Node {
@@ -41,11 +81,9 @@ pub(crate) struct Node {
     /// The node's URL without options, password redacted.
     pub(crate) address: String,
     prefix: String,
-    /// How long the answer of a partial release is kept for its retry.
-    latch_ms: u64,
-    /// Makes release request ids unique: a random id per node plus a counter.
-    client_id: String,
-    releases: AtomicU64,
+    /// How long an operation's mark is kept (see `scripts`).
+    mark_ms: u64,
+    ops: OpIds,
 }
 
 pub(crate) fn int(v: &Value) -> Option<i64> {
@@ -87,14 +125,23 @@ impl Node {
             subs,
             address,
             prefix: options.prefix.clone(),
-            latch_ms: (options.response_timeout * 4).as_millis() as u64,
-            client_id: uuid::Uuid::new_v4().simple().to_string(),
-            releases: AtomicU64::new(0),
+            mark_ms: (options.response_timeout * 4).as_millis() as u64,
+            ops: OpIds::new(),
         })
     }
 
+    /// A new operation id.
+    pub(crate) fn op(&self) -> Op {
+        self.ops.next()
+    }
+
+    /// The name of `op`'s mark.
+    fn mark(&self, k: &LockKeys, op: &Op) -> String {
+        format!("{}:op:{}", k.hash, op.as_str())
+    }
+
     pub(crate) fn keys(&self, key: &Key) -> LockKeys {
-        let hash = format!("{}{{{}}}", self.prefix, key.as_str());
+        let hash = format!("{}{{{}}}", self.prefix, escape(key.as_str()));
         LockKeys {
             expiry: format!("{hash}:exp"),
             fence: format!("{hash}:fence"),
@@ -109,14 +156,15 @@ impl Node {
         map_err(e, &self.address)
     }
 
-    /// One run of the acquire script; `proposal` floors a new token (0: none).
-    /// A refused exclusive request stands in the key's line for `queue` (zero:
-    /// it does not).
+    /// One run of the acquire script as operation `op`; `proposal` floors a
+    /// new token (0: none). A refused exclusive request stands in the key's
+    /// line for `queue` (zero: it does not).
     pub(crate) async fn attempt(
         &self,
         req: &Request,
         proposal: u64,
         queue: Duration,
+        op: &Op,
     ) -> Result<Attempt> {
         let k = self.keys(&req.key);
         let permits = match req.mode {
@@ -132,29 +180,34 @@ impl Node {
                     .key(&k.fence)
                     .key(&k.line)
                     .key(&k.line_lapse)
+                    .key(self.mark(&k, op))
                     .arg(req.owner.as_str())
                     .arg(req.mode.as_label())
                     .arg(req.ttl.as_millis() as u64)
                     .arg(u8::from(req.reentrant))
                     .arg(permits)
                     .arg(proposal)
-                    .arg(queue.as_millis() as u64),
+                    .arg(queue.as_millis() as u64)
+                    .arg(op.as_str())
+                    .arg(self.mark_ms),
             )
             .await
             .map_err(|e| self.err(e))?;
-        match (
-            reply.first().and_then(int),
-            reply.get(1),
-            reply.get(2).and_then(int),
-        ) {
-            (Some(1), Some(token), Some(holds)) => Ok(Attempt::Granted {
-                token: int(token).ok_or_else(|| unexpected("acquire", &reply))? as u64,
-                holds: holds as u32,
-            }),
-            (Some(0), Some(left), _) => Ok(Attempt::Busy {
+        let num = |i: usize| reply.get(i).and_then(int);
+        match (num(0), reply.get(1)) {
+            (Some(1), Some(token)) => match (int(token), num(2), num(4)) {
+                (Some(token), Some(holds), Some(at)) => Ok(Attempt::Granted {
+                    token: token as u64,
+                    holds: holds as u32,
+                    server_us: at.max(0) as u64,
+                }),
+                _ => Err(unexpected("acquire", &reply)),
+            },
+            (Some(0), Some(left)) => Ok(Attempt::Busy {
                 left: Duration::from_millis(int(left).unwrap_or(0).max(0) as u64),
+                server_us: num(2).unwrap_or(0).max(0) as u64,
             }),
-            (Some(-1), Some(held), _) => Err(Error::mode_mismatch(
+            (Some(-1), Some(held)) => Err(Error::mode_mismatch(
                 req.owner.as_str(),
                 req.key.as_str(),
                 text(held).unwrap_or_default(),
@@ -166,32 +219,37 @@ impl Node {
 
     /// Renews `leases` in one script; `true` per lease still held.
     pub(crate) async fn renew(&self, leases: &[LeaseRef]) -> Result<Vec<bool>> {
-        let mut inv = scripts::RENEW.prepare_invoke();
+        let mut inv = scripts::RENEW.call();
         for lease in leases {
             let k = self.keys(&lease.key);
-            inv.key(k.hash).key(k.expiry);
-            inv.arg(lease.owner.as_str())
+            inv = inv
+                .key(k.hash)
+                .key(k.expiry)
+                .arg(lease.owner.as_str())
                 .arg(lease.ttl.as_millis() as u64);
         }
-        let reply: Vec<i64> = self.conn.invoke(&inv).await.map_err(|e| self.err(e))?;
+        let reply: Vec<i64> = self.conn.invoke(inv).await.map_err(|e| self.err(e))?;
         if reply.len() != leases.len() {
             return Err(unexpected("renew", &reply));
         }
         Ok(reply.into_iter().map(|ok| ok == 1).collect())
     }
 
-    /// Runs the release script: returns the holds left (-1: not held) and, with
-    /// `next`, the token of the handoff (0: none; `proposal` floors it). Retries
-    /// after a lost reply reuse the request's latch, so they cannot release twice.
+    /// Runs the release script as operation `op`: returns the holds left (-1:
+    /// not held) and, with `next`, the token of the handoff (0: none;
+    /// `proposal` floors it). A retry after a lost reply runs the same op,
+    /// whose kept answer it gets back, so it cannot release twice, and a
+    /// release that never reached the server before reports -1 if the owner
+    /// no longer holds the key.
     pub(crate) async fn release(
         &self,
         lease: &LeaseRef,
         next: Option<&Request>,
         proposal: u64,
+        op: &Op,
     ) -> Result<(i64, u64)> {
         let k = self.keys(&lease.key);
-        let seq = self.releases.fetch_add(1, Ordering::Relaxed);
-        let latch = format!("{}:latch:{}:{seq}", k.hash, self.client_id);
+        let mark = self.mark(&k, op);
         let (next_owner, next_ttl) = match next {
             Some(n) if n.mode == Mode::Exclusive && n.key == lease.key => {
                 (n.owner.as_str(), n.ttl.as_millis() as u64)
@@ -207,23 +265,23 @@ impl Node {
                     scripts::RELEASE
                         .key(&k.hash)
                         .key(&k.expiry)
-                        .key(&latch)
+                        .key(&mark)
                         .key(&k.fence)
                         .key(&k.line)
                         .key(&k.line_lapse)
                         .arg(lease.owner.as_str())
                         .arg(&k.channel)
-                        .arg(self.latch_ms)
-                        .arg(u8::from(attempt > 1))
+                        .arg(self.mark_ms)
                         .arg(next_owner)
                         .arg(next_ttl)
-                        .arg(proposal),
+                        .arg(proposal)
+                        .arg(op.as_str()),
                 )
                 .await;
             match r {
                 Ok(v) => return Ok(v),
-                // The reply may have been lost after the script ran: retry with the
-                // same latch. (A handoff is not retried: its next owner waits on.)
+                // The reply may have been lost after the script ran: run the
+                // same op again. (A handoff is not retried: its next owner waits on.)
                 Err(e)
                     if attempt < 3
                         && next_owner.is_empty()
@@ -234,6 +292,29 @@ impl Node {
                 Err(e) => return Err(self.err(e)),
             }
         }
+    }
+
+    /// Undoes acquire op `op` of `owner` on `key` (or the handoff to `owner` of
+    /// release op `op`): takes back exactly the hold that op created or added,
+    /// and makes sure it grants nothing should it arrive later. Returns whether
+    /// a hold was taken back.
+    pub(crate) async fn undo(&self, key: &Key, owner: &str, op: &Op) -> Result<bool> {
+        let k = self.keys(key);
+        let undone: i64 = self
+            .conn
+            .invoke(
+                scripts::UNDO
+                    .key(&k.hash)
+                    .key(&k.expiry)
+                    .key(self.mark(&k, op))
+                    .arg(owner)
+                    .arg(&k.channel)
+                    .arg(self.mark_ms)
+                    .arg(op.as_str()),
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(undone == 1)
     }
 
     /// Takes `owner` out of `key`'s line of waiters.
@@ -305,7 +386,7 @@ impl Node {
 
     /// Keys (not names of Redis keys) of every lock under `prefix`.
     pub(crate) async fn keys_under(&self, prefix: &str) -> Result<Vec<String>> {
-        let escaped: String = prefix
+        let escaped: String = escape(prefix)
             .chars()
             .flat_map(|c| {
                 let esc = matches!(c, '*' | '?' | '[' | ']' | '\\').then_some('\\');
@@ -321,12 +402,39 @@ impl Node {
         let mut keys: Vec<String> = names
             .into_iter()
             .filter(|n| n.ends_with('}') && n.len() > start)
-            .map(|n| n[start..n.len() - 1].to_string())
+            .filter_map(|n| unescape(&n[start..n.len() - 1]))
             .collect();
         keys.sort();
         keys.dedup();
         Ok(keys)
     }
+}
+
+/// A key as it stands inside the hash tag: `%` and `}` percent-encoded, so
+/// that no key can close the tag early (`{}x}` would hash every key of the
+/// lock apart on a cluster).
+fn escape(key: &str) -> std::borrow::Cow<'_, str> {
+    if !key.contains(['%', '}']) {
+        return key.into();
+    }
+    key.replace('%', "%25").replace('}', "%7D").into()
+}
+
+/// The inverse of [`escape`]; `None` for a name fencelock did not write.
+fn unescape(name: &str) -> Option<String> {
+    let mut out = String::with_capacity(name.len());
+    let mut rest = name;
+    while let Some(i) = rest.find('%') {
+        out.push_str(&rest[..i]);
+        match rest.get(i..i + 3) {
+            Some("%25") => out.push('%'),
+            Some("%7D") => out.push('}'),
+            _ => return None,
+        }
+        rest = &rest[i + 3..];
+    }
+    out.push_str(rest);
+    Some(out)
 }
 
 fn parse_inspect(key: &str, reply: &[Value]) -> Result<Option<LockInfo>> {
@@ -343,12 +451,8 @@ fn parse_inspect(key: &str, reply: &[Value]) -> Result<Option<LockInfo>> {
     match text(kind).as_deref() {
         Some("string") => {
             let left = int(pttl).unwrap_or(0).max(0) as u64;
-            let mut parts = items
-                .first()
-                .map(|v| v.rsplitn(3, '\t'))
-                .into_iter()
-                .flatten();
-            if let (Some(token), Some(holds), Some(owner)) =
+            let mut parts = items.first().map(|v| v.split('\t')).into_iter().flatten();
+            if let (Some(owner), Some(holds), Some(token)) =
                 (parts.next(), parts.next(), parts.next())
             {
                 holders.push(HolderInfo::new(
@@ -383,8 +487,9 @@ fn parse_inspect(key: &str, reply: &[Value]) -> Result<Option<LockInfo>> {
                 _ => Default::default(),
             };
             for (owner, value) in pairs.iter().filter(|(f, _)| !f.starts_with('\t')) {
-                let (Some(exp), Some((holds, token))) =
-                    (expiries.get(*owner), value.split_once(' '))
+                let mut fields = value.split(' ');
+                let (Some(exp), Some(holds), Some(token)) =
+                    (expiries.get(*owner), fields.next(), fields.next())
                 else {
                     continue;
                 };
@@ -403,4 +508,22 @@ fn parse_inspect(key: &str, reply: &[Value]) -> Result<Option<LockInfo>> {
         return Ok(None);
     }
     Ok(Some(LockInfo::new(key, holders, fence)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escaped_keys_keep_the_hash_tag_whole_and_round_trip() {
+        for key in ["plain", "}x", "{}x}", "a%7Db", "%", "}", "{a}b{c}", "100%}"] {
+            let e = escape(key);
+            assert!(!e.contains('}'), "{key:?} → {e:?}");
+            assert_eq!(unescape(&e).as_deref(), Some(key));
+        }
+        // A prefix of a key escapes to a prefix of the key's escape (listing).
+        assert!(escape("a}b%c").starts_with(&*escape("a}b")));
+        assert_ne!(escape("a%7D"), escape("a}"));
+        assert_eq!(unescape("bad%zz"), None);
+    }
 }

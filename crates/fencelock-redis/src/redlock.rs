@@ -68,14 +68,25 @@ use futures::future::join_all;
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-use crate::node::{Attempt, Node};
+use crate::node::{Attempt, Node, Op, OpIds};
 use crate::options::{RedisOptions, Target};
 use crate::subs::Watch;
 
 const NAME: &str = "redlock";
 
-/// The longest per-instance timeout when none is configured.
-const DEFAULT_INSTANCE_TIMEOUT: Duration = Duration::from_millis(100);
+/// The per-instance timeout when none is configured is a fifth of the TTL,
+/// within these bounds. A round in which too few instances answer in time is
+/// retried until the caller's deadline, so a loaded machine costs a delay,
+/// never an "unreachable" error.
+const MIN_INSTANCE_TIMEOUT: Duration = Duration::from_millis(20);
+const MAX_INSTANCE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A token proposal is made from an instance clock reading at most this old.
+const FRESH_READING: Duration = Duration::from_secs(1);
+
+/// How far above the instances' clocks (as last read) a proposal may be: just
+/// enough that every instance's answer equals it in the common case.
+const PROPOSAL_MARGIN: Duration = Duration::from_millis(1);
 
 /// A waiter re-tries at least this often (jittered), notifications aside.
 const RETRY_DELAY: Duration = Duration::from_millis(50);
@@ -90,19 +101,22 @@ struct Instance {
     url: String,
     target: Target,
     node: OnceCell<Node>,
-    /// Skip the instance until then (it failed recently).
-    down_until: std::sync::Mutex<Option<Instant>>,
+    /// Skip the instance until then (it failed recently), and whether it was
+    /// slow (timed out) rather than unreachable.
+    down_until: std::sync::Mutex<Option<(Instant, bool)>>,
 }
 
 impl Instance {
-    fn is_down(&self) -> bool {
+    /// `Some(slow)` while the instance is skipped.
+    fn is_down(&self) -> Option<bool> {
         let down = self.down_until.lock().unwrap_or_else(|p| p.into_inner());
-        down.is_some_and(|t| Instant::now() < t)
+        down.filter(|(t, _)| Instant::now() < *t)
+            .map(|(_, slow)| slow)
     }
 
-    fn mark(&self, ok: bool) {
+    fn mark(&self, failed: Option<bool>) {
         let mut down = self.down_until.lock().unwrap_or_else(|p| p.into_inner());
-        *down = (!ok).then(|| Instant::now() + DOWN_FOR);
+        *down = failed.map(|slow| (Instant::now() + DOWN_FOR, slow));
     }
 }
 
@@ -117,20 +131,32 @@ struct Inner {
     options: RedisOptions,
     instance_timeout: Option<Duration>,
     address: String,
-    /// The last token floor this client proposed.
-    last_proposal: std::sync::atomic::AtomicU64,
+    /// The latest instance clock reading (µs) and when it arrived.
+    reading: std::sync::Mutex<Option<(u64, Instant)>>,
+    ops: OpIds,
 }
 
 /// What one instance answered.
 enum Answer<T> {
     Ok(T),
     Failed(Error),
+    /// No answer within the instance timeout (alive but slow, or cut off).
+    Late(Error),
+}
+
+impl<T> Answer<T> {
+    fn error(&self) -> Option<&Error> {
+        match self {
+            Answer::Ok(_) => None,
+            Answer::Failed(e) | Answer::Late(e) => Some(e),
+        }
+    }
 }
 
 /// The operations that run on every instance at once on the hot path.
-enum Op {
-    Acquire(Request, u64),
-    Release(LeaseRef, Option<Request>, u64),
+enum Call {
+    Acquire(Request, u64, Op),
+    Release(LeaseRef, Option<Request>, u64, Op),
 }
 
 /// An instance's answer to an [`Op`].
@@ -139,17 +165,64 @@ enum OpAnswer {
     Release(i64, u64),
 }
 
-impl Op {
+impl Call {
     async fn run(&self, node: &Node) -> Result<OpAnswer> {
         match self {
-            Op::Acquire(req, proposal) => node
-                .attempt(req, *proposal, Duration::ZERO)
+            Call::Acquire(req, proposal, op) => node
+                .attempt(req, *proposal, Duration::ZERO, op)
                 .await
                 .map(OpAnswer::Acquire),
-            Op::Release(lease, next, proposal) => node
-                .release(lease, next.as_ref(), *proposal)
+            Call::Release(lease, next, proposal, op) => node
+                .release(lease, next.as_ref(), *proposal, op)
                 .await
                 .map(|(left, handed)| OpAnswer::Release(left, handed)),
+        }
+    }
+}
+
+/// The outcome of one Redlock round.
+enum Round {
+    Granted(Grant),
+    /// Refused by enough instances; retry after about this long.
+    Busy(Duration),
+    /// Too few instances answered; `slow` when some did not answer in time
+    /// (then the round is retried until the caller's deadline).
+    NoQuorum {
+        error: Error,
+        slow: bool,
+    },
+}
+
+/// An acquire op in flight on the instances. If the caller drops it before
+/// its outcome was taken, a spawned task undoes the op on every instance (see
+/// `scripts`: exactly what it granted, and nothing should it arrive later).
+struct Pending {
+    backend: Option<RedlockBackend>,
+    key: Key,
+    owner: String,
+    op: Op,
+}
+
+impl Pending {
+    fn settle(mut self) {
+        self.backend = None;
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some(b) = self.backend.take()
+            && let Ok(h) = tokio::runtime::Handle::try_current()
+        {
+            let (key, owner, op) = (
+                self.key.clone(),
+                std::mem::take(&mut self.owner),
+                self.op.clone(),
+            );
+            h.spawn(async move {
+                let all: Vec<usize> = (0..b.inner.instances.len()).collect();
+                b.undo(&key, &owner, &op, &all, b.timeout_for(None)).await;
+            });
         }
     }
 }
@@ -168,12 +241,17 @@ impl Inner {
         Fut: Future<Output = Result<T>> + 'a,
     {
         let inst = &self.instances[i];
-        if inst.is_down() {
-            return Answer::Failed(Error::connection(
+        if let Some(slow) = inst.is_down() {
+            let e = Error::connection(
                 NAME,
                 &inst.url,
                 format!("it failed within the last {DOWN_FOR:?}"),
-            ));
+            );
+            return if slow {
+                Answer::Late(e)
+            } else {
+                Answer::Failed(e)
+            };
         }
         let open = inst
             .node
@@ -182,21 +260,25 @@ impl Inner {
             Ok(Ok(node)) => match tokio::time::timeout(timeout, f(node)).await {
                 Ok(Ok(v)) => Answer::Ok(v),
                 Ok(Err(e)) => Answer::Failed(e),
-                Err(_) => Answer::Failed(Error::connection(
+                Err(_) => Answer::Late(Error::connection(
                     NAME,
                     &node.address,
                     format!("no answer within the instance timeout of {timeout:?}"),
                 )),
             },
             Ok(Err(e)) => Answer::Failed(e),
-            Err(_) => Answer::Failed(Error::connection(
+            Err(_) => Answer::Late(Error::connection(
                 NAME,
                 &inst.url,
                 format!("no answer within {timeout:?}"),
             )),
         };
         // Only connection trouble marks an instance down; a script error is an answer.
-        inst.mark(!matches!(&answer, Answer::Failed(e) if e.is_transient()));
+        inst.mark(match &answer {
+            Answer::Late(_) => Some(true),
+            Answer::Failed(e) if e.is_transient() => Some(false),
+            _ => None,
+        });
         answer
     }
 }
@@ -204,8 +286,8 @@ impl Inner {
 impl RedlockBackend {
     /// Connects to the instances a `redlock://[user:pass@]h1:p1,h2:p2,…[?opts]`
     /// URL names (at least 3). Options as for Redis (`prefix`, `ttl`, `timeout`,
-    /// `connect_timeout`, `tls_ca`) plus `instance_timeout=` (default
-    /// `min(ttl/10, 100 ms)`).
+    /// `connect_timeout`, `tls_ca`) plus `instance_timeout=` (default a fifth
+    /// of the TTL, between 20 ms and 1 s).
     ///
     /// # Errors
     ///
@@ -276,7 +358,8 @@ impl RedlockBackend {
                 options,
                 instance_timeout,
                 address: redact_url(rest),
-                last_proposal: std::sync::atomic::AtomicU64::new(0),
+                reading: std::sync::Mutex::new(None),
+                ops: OpIds::new(),
             }),
         };
         // Connect now; a minority may be down and join later.
@@ -289,11 +372,8 @@ impl RedlockBackend {
             .count();
         if up < backend.quorum() {
             let why = answers
-                .into_iter()
-                .find_map(|a| match a {
-                    Answer::Failed(e) => Some(e.to_string()),
-                    Answer::Ok(()) => None,
-                })
+                .iter()
+                .find_map(|a| a.error().map(ToString::to_string))
                 .unwrap_or_default();
             return Err(Error::connection(
                 NAME,
@@ -331,8 +411,8 @@ impl RedlockBackend {
 
     fn timeout_for(&self, ttl: Option<Duration>) -> Duration {
         self.inner.instance_timeout.unwrap_or_else(|| {
-            ttl.map_or(DEFAULT_INSTANCE_TIMEOUT, |t| {
-                (t / 10).min(DEFAULT_INSTANCE_TIMEOUT)
+            ttl.map_or(MAX_INSTANCE_TIMEOUT, |t| {
+                (t / 5).clamp(MIN_INSTANCE_TIMEOUT, MAX_INSTANCE_TIMEOUT)
             })
         })
     }
@@ -360,7 +440,7 @@ impl RedlockBackend {
     async fn on_quorum(
         &self,
         timeout: Duration,
-        op: Op,
+        op: Call,
         success: fn(&OpAnswer) -> bool,
     ) -> Vec<Option<Answer<OpAnswer>>> {
         use futures::stream::{FuturesUnordered, StreamExt};
@@ -396,10 +476,7 @@ impl RedlockBackend {
     ) -> Error {
         let failed: Vec<String> = answers
             .into_iter()
-            .filter_map(|a| match a {
-                Answer::Failed(e) => Some(e.to_string()),
-                Answer::Ok(_) => None,
-            })
+            .filter_map(|a| a.error().map(ToString::to_string))
             .collect();
         Error::connection(
             NAME,
@@ -415,40 +492,44 @@ impl RedlockBackend {
     }
 
     /// A floor for the next token, proposed to every instance so that they can
-    /// agree on it in the same round trip: this client's clock in µs plus a
-    /// second of allowance for clock skew, strictly rising per client.
+    /// agree on it in the same round trip: the latest instance clock reading,
+    /// plus the time since it arrived, plus [`PROPOSAL_MARGIN`]; 0 (no floor)
+    /// without a reading of the last [`FRESH_READING`]. No client wall clock
+    /// enters it, so it exceeds the fastest instance clock by at most the
+    /// margin (plus this host's monotonic clock error over one second).
     fn propose(&self) -> u64 {
-        let now = fencelock_core::clock::wall_now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as u64);
-        let want = now + 1_000_000;
-        let prev = self
-            .inner
-            .last_proposal
-            .fetch_max(want, std::sync::atomic::Ordering::Relaxed);
-        if prev >= want {
-            self.inner
-                .last_proposal
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-                + 1
-        } else {
-            want
+        let reading = *self.inner.reading.lock().unwrap_or_else(|p| p.into_inner());
+        match reading {
+            Some((us, at)) if at.elapsed() <= FRESH_READING => {
+                us + (at.elapsed() + PROPOSAL_MARGIN).as_micros() as u64
+            }
+            _ => 0,
+        }
+    }
+
+    /// Records instance clock readings (µs) that just arrived.
+    fn observe(&self, readings: impl IntoIterator<Item = u64>) {
+        let Some(us) = readings.into_iter().max().filter(|us| *us > 0) else {
+            return;
+        };
+        let now = Instant::now();
+        let mut reading = self.inner.reading.lock().unwrap_or_else(|p| p.into_inner());
+        // Keep the reading that stands for the later instance time now.
+        let newer = reading.is_none_or(|(old, at)| {
+            old + now.saturating_duration_since(at).as_micros() as u64 <= us
+        });
+        if newer {
+            *reading = Some((us, now));
         }
     }
 
     /// Turns the answers of a majority into the grant's token (the quorum
-    /// max-register): the largest answer. If every answer is the proposal, the
-    /// majority already stored it; otherwise it is written back to a majority.
+    /// max-register): the largest answer. If every answer is that one, the
+    /// majority already stores it; otherwise it is written back to a majority.
     /// `None` if that write-back did not reach a majority.
-    async fn settle_token(
-        &self,
-        req: &Request,
-        answers: &[u64],
-        proposal: u64,
-        timeout: Duration,
-    ) -> Option<u64> {
+    async fn settle_token(&self, req: &Request, answers: &[u64], timeout: Duration) -> Option<u64> {
         let token = answers.iter().copied().max()?;
-        if answers.iter().all(|t| *t == proposal) {
+        if answers.iter().all(|t| *t == token) {
             return Some(token);
         }
         let raised = self
@@ -463,18 +544,17 @@ impl RedlockBackend {
         (acks >= self.quorum()).then_some(token)
     }
 
-    /// Releases `owner`'s hold on the instances listed in `on` (undoing a grant
-    /// that did not reach a majority).
-    async fn undo(&self, req: &Request, on: &[usize], timeout: Duration) {
+    /// Undoes op `op` of `owner` on the instances listed in `on`: what it
+    /// granted (an acquire) or handed over (a release) is taken back, nothing
+    /// else, and should it reach an instance later it grants nothing there.
+    async fn undo(&self, key: &Key, owner: &str, op: &Op, on: &[usize], timeout: Duration) {
         if on.is_empty() {
             return;
         }
-        let lease = LeaseRef::new(req, &Grant::new(None, req.ttl, 1, Instant::now()));
-        let lease = &lease;
         let _ = self
             .on_all(timeout, |i, n| async move {
                 if on.contains(&i) {
-                    n.release(lease, None, 0).await.map(|_| ())
+                    n.undo(key, owner, op).await.map(|_| ())
                 } else {
                     Ok(())
                 }
@@ -482,28 +562,44 @@ impl RedlockBackend {
             .await;
     }
 
-    /// One Redlock attempt: `Ok(Ok(grant))`, `Ok(Err(hint))` when busy (time until
-    /// the first holder expires), or a no-quorum error when too few instances answer.
-    async fn attempt(&self, req: &Request) -> Result<std::result::Result<Grant, Duration>> {
+    /// One Redlock round, as one op on every instance. Undone on every
+    /// instance that granted (or may have) unless it reaches a majority in
+    /// time; undone in the background if the caller drops it.
+    async fn attempt(&self, req: &Request) -> Result<Round> {
         let start = Instant::now();
         let timeout = self.timeout_for(Some(req.ttl));
         let proposal = self.propose();
+        let pending = Pending {
+            backend: Some(self.clone()),
+            key: req.key.clone(),
+            owner: req.owner.to_string(),
+            op: self.inner.ops.next(),
+        };
+        let call = Call::Acquire(req.clone(), proposal, pending.op.clone());
         let answers = self
-            .on_quorum(timeout, Op::Acquire(req.clone(), proposal), |a| {
+            .on_quorum(timeout, call, |a| {
                 matches!(a, OpAnswer::Acquire(Attempt::Granted { .. }))
             })
             .await;
         let mut granted = Vec::new();
         let mut busy = 0;
         let mut hint = Duration::MAX;
-        for (i, a) in answers.iter().enumerate() {
+        let mut readings = Vec::new();
+        for a in answers.iter() {
             match a {
-                Some(Answer::Ok(OpAnswer::Acquire(Attempt::Granted { token, holds }))) => {
-                    granted.push((i, *token, *holds))
+                Some(Answer::Ok(OpAnswer::Acquire(Attempt::Granted {
+                    token,
+                    holds,
+                    server_us,
+                    ..
+                }))) => {
+                    granted.push((*token, *holds));
+                    readings.push(*server_us);
                 }
-                Some(Answer::Ok(OpAnswer::Acquire(Attempt::Busy { left }))) => {
+                Some(Answer::Ok(OpAnswer::Acquire(Attempt::Busy { left, server_us }))) => {
                     busy += 1;
                     hint = hint.min(*left);
+                    readings.push(*server_us);
                 }
                 Some(Answer::Failed(Error::InvalidConfig(m))) => {
                     return Err(Error::InvalidConfig(m.clone()));
@@ -511,14 +607,16 @@ impl RedlockBackend {
                 _ => {}
             }
         }
+        self.observe(readings);
         let valid = |at: Instant| at.duration_since(start) + drift_allowance(req.ttl) < req.ttl;
         if granted.len() >= self.quorum() && valid(Instant::now()) {
-            let tokens: Vec<u64> = granted.iter().map(|(_, t, _)| *t).collect();
-            if let Some(token) = self.settle_token(req, &tokens, proposal, timeout).await
+            let tokens: Vec<u64> = granted.iter().map(|(t, _)| *t).collect();
+            if let Some(token) = self.settle_token(req, &tokens, timeout).await
                 && valid(Instant::now())
             {
-                let holds = granted.iter().map(|(_, _, h)| *h).max().unwrap_or(1);
-                return Ok(Ok(Grant::new(
+                pending.settle();
+                let holds = granted.iter().map(|(_, h)| *h).max().unwrap_or(1);
+                return Ok(Round::Granted(Grant::new(
                     Some(FencingToken::new(token)),
                     req.ttl,
                     holds,
@@ -526,23 +624,24 @@ impl RedlockBackend {
                 )));
             }
         }
-        // Not granted: undo where it was (or may have been) granted.
+        // Not granted: undo the op wherever it granted or may have run.
         let undo: Vec<usize> = answers
             .iter()
             .enumerate()
-            .filter(|(_, a)| match a {
-                Some(Answer::Ok(OpAnswer::Acquire(Attempt::Granted { .. }))) => true,
-                // A reentrant request must not take away a hold it had before.
-                Some(Answer::Failed(_)) | None => !req.reentrant,
-                Some(Answer::Ok(_)) => false,
+            .filter(|(_, a)| {
+                !matches!(a, Some(Answer::Ok(OpAnswer::Acquire(Attempt::Busy { .. }))))
             })
             .map(|(i, _)| i)
             .collect();
-        self.undo(req, &undo, timeout).await;
+        self.undo(&req.key, req.owner.as_str(), &pending.op, &undo, timeout)
+            .await;
+        pending.settle();
         if granted.len() + busy < self.quorum() {
-            return Err(self.no_quorum(granted.len() + busy, answers.iter().flatten()));
+            let slow = answers.iter().any(|a| matches!(a, Some(Answer::Late(_))));
+            let error = self.no_quorum(granted.len() + busy, answers.iter().flatten());
+            return Ok(Round::NoQuorum { error, slow });
         }
-        Ok(Err(if hint == Duration::MAX {
+        Ok(Round::Busy(if hint == Duration::MAX {
             RETRY_DELAY
         } else {
             hint
@@ -561,14 +660,15 @@ impl RedlockBackend {
         let start = Instant::now();
         let timeout = self.timeout_for(Some(lease.ttl));
         let proposal = if next.is_some() { self.propose() } else { 0 };
-        let op = Op::Release(lease.clone(), next.cloned(), proposal);
+        let op = self.inner.ops.next();
+        let call = Call::Release(lease.clone(), next.cloned(), proposal, op.clone());
         // With a handoff, a majority must hand over; without, a majority must answer.
         let success: fn(&OpAnswer) -> bool = if next.is_some() {
             |a| matches!(a, OpAnswer::Release(_, handed) if *handed > 0)
         } else {
             |a| matches!(a, OpAnswer::Release(..))
         };
-        let answers = self.on_quorum(timeout, op, success).await;
+        let answers = self.on_quorum(timeout, call, success).await;
         let left: Vec<i64> = answers
             .iter()
             .filter_map(|a| match a {
@@ -605,7 +705,7 @@ impl RedlockBackend {
         let valid = start.elapsed() + drift_allowance(next.ttl) < next.ttl;
         if handed.len() >= self.quorum() && valid {
             let tokens: Vec<u64> = handed.iter().map(|(_, t)| *t).collect();
-            if let Some(token) = self.settle_token(next, &tokens, proposal, timeout).await {
+            if let Some(token) = self.settle_token(next, &tokens, timeout).await {
                 return Ok((
                     released,
                     Some(Grant::new(
@@ -617,8 +717,16 @@ impl RedlockBackend {
                 ));
             }
         }
-        let on: Vec<usize> = handed.iter().map(|(i, _)| *i).collect();
-        self.undo(next, &on, timeout).await;
+        // Undo the handoff wherever it happened or may still happen; the
+        // release itself stands.
+        let on: Vec<usize> = answers
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| !matches!(a, Some(Answer::Ok(OpAnswer::Release(_, 0)))))
+            .map(|(i, _)| i)
+            .collect();
+        self.undo(&next.key, next.owner.as_str(), &op, &on, timeout)
+            .await;
         Ok((released, None))
     }
 
@@ -630,7 +738,7 @@ impl RedlockBackend {
             .into_iter()
             .filter_map(|a| match a {
                 Answer::Ok(w) => Some(w),
-                Answer::Failed(_) => None,
+                _ => None,
             })
             .collect()
     }
@@ -662,32 +770,53 @@ impl Backend for RedlockBackend {
     }
 
     async fn try_acquire(&self, req: &Request) -> Result<Option<Grant>> {
-        Ok(self.attempt(req).await?.ok())
+        match self.attempt(req).await? {
+            Round::Granted(g) => Ok(Some(g)),
+            Round::Busy(_) => Ok(None),
+            Round::NoQuorum { error, .. } => Err(error),
+        }
     }
 
     async fn acquire(&self, req: &Request, deadline: Option<Instant>) -> Result<Option<Grant>> {
-        if let Ok(g) = self.attempt(req).await? {
-            return Ok(Some(g));
+        // What to do after a round: stop with a result, or wait about this long.
+        let after = |round: Round| -> Result<std::ops::ControlFlow<Option<Grant>, Duration>> {
+            use std::ops::ControlFlow::{Break, Continue};
+            let hint = match round {
+                Round::Granted(g) => return Ok(Break(Some(g))),
+                Round::Busy(hint) => hint,
+                // Instances alive but slow (a loaded machine, a slow link): try
+                // again until the deadline. Unreachable ones fail at once.
+                Round::NoQuorum { error, slow } => {
+                    if !slow || deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Err(error);
+                    }
+                    tracing::debug!(key = %req.key, %error, "too few instances answered in time; retrying");
+                    RETRY_DELAY
+                }
+            };
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(Break(None));
+            }
+            Ok(Continue(hint))
+        };
+        if let std::ops::ControlFlow::Break(g) = after(self.attempt(req).await?)? {
+            return Ok(g);
         }
         // Wake on a release published by any instance, or after a jittered delay
         // (so that competing clients do not retry in lock-step and split the vote).
         let watches = self.watches(&req.key).await;
         loop {
-            let notified: Vec<_> = watches
+            let mut notified: Vec<_> = watches
                 .iter()
                 .map(|w| Box::pin(w.notify.notified()))
                 .collect();
-            let mut notified = notified;
             for n in &mut notified {
                 n.as_mut().enable();
             }
-            let hint = match self.attempt(req).await? {
-                Ok(g) => return Ok(Some(g)),
-                Err(hint) => hint,
+            let hint = match after(self.attempt(req).await?)? {
+                std::ops::ControlFlow::Break(g) => return Ok(g),
+                std::ops::ControlFlow::Continue(hint) => hint,
             };
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Ok(None);
-            }
             let max = RETRY_DELAY.as_micros() as u64;
             let jitter = Duration::from_micros(fastrand::u64(max / 2..=max));
             let mut until = Instant::now() + hint.min(jitter).max(Duration::from_millis(1));
@@ -714,7 +843,7 @@ impl Backend for RedlockBackend {
             .iter()
             .map(|l| l.ttl)
             .min()
-            .unwrap_or(DEFAULT_INSTANCE_TIMEOUT);
+            .unwrap_or(MAX_INSTANCE_TIMEOUT);
         let answers = self
             .on_all(self.timeout_for(Some(min_ttl)), |_, n| n.renew(leases))
             .await;
@@ -740,7 +869,10 @@ impl Backend for RedlockBackend {
                     ),
                 });
             } else {
-                return Err(self.no_quorum(held, &answers));
+                // Too few answers either way: nothing is known about it.
+                out.push(Renewal::Unknown {
+                    reason: self.no_quorum(held, &answers).to_string(),
+                });
             }
         }
         Ok(out)
@@ -813,7 +945,7 @@ impl Backend for RedlockBackend {
             .into_iter()
             .filter_map(|a| match a {
                 Answer::Ok(k) => Some(k),
-                Answer::Failed(_) => None,
+                _ => None,
             })
             .flatten()
             .collect();

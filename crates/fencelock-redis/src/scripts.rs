@@ -1,22 +1,46 @@
 //! The Lua scripts: one per operation, each atomic on the server.
 //!
-//! Layout of one lock (all keys share the hash tag `{key}`, so one cluster slot;
-//! `P` is the prefix):
+//! Layout of one lock (all keys share the hash tag `{k}`, so one cluster slot;
+//! `P` is the prefix, `k` the key with `%` written `%25` and `}` written `%7D`,
+//! so that no key can end the hash tag early):
 //!
 //! | key | type | content |
 //! |---|---|---|
-//! | `P{key}` | string | an exclusive hold: `"<owner>\t<holds>\t<token>"`, expiring with the key (`PX`) |
-//! | `P{key}` | hash | shared or semaphore holds: `\tm` → mode; `<owner>` → `"<holds> <token>"` |
-//! | `P{key}:exp` | sorted set | shared and semaphore holders: `<owner>` → expiry (server ms), so they expire one by one |
-//! | `P{key}:fence` | string | the last token; never expires |
-//! | `P{key}:q` | sorted set | exclusive waiters in line: `<owner>` → arrival (server µs) |
-//! | `P{key}:qe` | sorted set | the same waiters → when their place lapses (server ms) |
-//! | `P{key}:ch` | channel | `free` / `permit` when waiters may proceed |
-//! | `P{key}:latch:<id>` | string | the answer of a partial release `<id>`, for its retry |
+//! | `P{k}` | string | an exclusive hold: `"<owner>\t<holds>\t<token>\t<op>"`, expiring with the key (`PX`) |
+//! | `P{k}` | hash | shared or semaphore holds: `\tm` → mode; `<owner>` → `"<holds> <token> <op>"` |
+//! | `P{k}:exp` | sorted set | shared and semaphore holders: `<owner>` → expiry (server ms), so they expire one by one |
+//! | `P{k}:fence` | string | the last token; never expires |
+//! | `P{k}:q` | sorted set | exclusive waiters in line: `<owner>` → arrival (server µs) |
+//! | `P{k}:qe` | sorted set | the same waiters → when their place lapses (server ms) |
+//! | `P{k}:ch` | channel | `free` / `permit` when waiters may proceed |
+//! | `P{k}:op:<op>` | string | the outcome of operation `<op>`, kept briefly (see below) |
 //!
-//! The type of `P{key}` tells the mode at a glance (`TYPE`: none, string, hash),
+//! The type of `P{k}` tells the mode at a glance (`TYPE`: none, string, hash),
 //! which keeps the exclusive path — the common one — to a handful of commands.
 //! Owners cannot contain control characters, so tabs never clash.
+//!
+//! # Every script may run twice
+//!
+//! A client library may send a script again after its reply was lost (redis-rs's
+//! cluster client does, on a new connection), and fencelock retries a release
+//! itself. So every call carries an operation id `<op>`, unique per call, and
+//! every script gives the same answer and the same effect when it runs again:
+//!
+//! - a hold records the op that created it, so a second run of that acquire
+//!   finds "its own" hold and returns it unchanged (`mine` = 1);
+//! - a reentrant acquire that adds a hold, and every release, store their
+//!   answer under `P{k}:op:<op>` (`a …` / `r …`); a second run returns it;
+//! - an acquire given up by its caller (cancelled, or undone by Redlock) is
+//!   undone by `UNDO`: it takes back exactly what that op granted — the hold it
+//!   created or the hold it added — never a hold that came another way (a
+//!   handoff, an earlier request), and marks the op `x`, so that the acquire,
+//!   should it arrive after its undo, grants nothing, and a release, hands
+//!   nothing over.
+//!
+//! The marks live for four response timeouts (20 s by default), far longer than
+//! a request can be in flight on a connection the client still uses.
+//!
+//! # The line
 //!
 //! The line makes exclusive waiting fair across processes: while it is not
 //! empty, a free lock goes only to its first live waiter (a release PUBLISHes,
@@ -28,16 +52,106 @@
 //! semaphore requests do not stand in it but are refused while anyone does, so
 //! a stream of readers cannot starve a waiting writer.
 //!
+//! # Tokens and expiry
+//!
 //! Tokens: `max(last + 1, server time in µs, proposal)`. The time floor keeps
 //! tokens rising even if the fence key is lost (Redis restarted empty, a failover
 //! to a replica that missed the last writes), provided the server clock does not
 //! step back across that event and a key sees fewer than one grant per
 //! microsecond. The proposal (0 for a single Redis) lets Redlock's instances
-//! agree on one token in the same round trip (see the `redlock` module).
+//! agree on one token in the same round trip; it never comes from a client's
+//! clock (see the `redlock` module).
+//!
+//! A renewal only ever extends a hold's expiry: two holds of one owner with
+//! different TTLs share one expiry, and renewing the shorter must not cut the
+//! longer.
 
 use std::sync::LazyLock;
 
-use redis::Script;
+use redis::{Cmd, Script, ToRedisArgs};
+
+/// A Lua script of fencelock: its code (to load it where it is missing) and
+/// its SHA1 (to call it with `EVALSHA`).
+pub(crate) struct Lua {
+    script: Script,
+    code: &'static str,
+}
+
+impl Lua {
+    fn new(code: &'static str) -> Lua {
+        Lua {
+            script: Script::new(code),
+            code,
+        }
+    }
+
+    /// A call with its first key (which routes it on a cluster).
+    pub(crate) fn key(&self, key: impl ToRedisArgs) -> Call<'_> {
+        Call {
+            lua: self,
+            keys: Vec::new(),
+            args: Vec::new(),
+        }
+        .key(key)
+    }
+
+    /// A call without keys yet.
+    pub(crate) fn call(&self) -> Call<'_> {
+        Call {
+            lua: self,
+            keys: Vec::new(),
+            args: Vec::new(),
+        }
+    }
+
+    /// `SCRIPT LOAD` of this script.
+    pub(crate) fn load_cmd(&self) -> Cmd {
+        let mut cmd = redis::cmd("SCRIPT");
+        cmd.arg("LOAD").arg(self.code);
+        cmd
+    }
+}
+
+/// One call of a script: its keys and arguments.
+pub(crate) struct Call<'a> {
+    lua: &'a Lua,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl Call<'_> {
+    /// Adds a key.
+    pub(crate) fn key(mut self, key: impl ToRedisArgs) -> Self {
+        self.keys.extend(key.to_redis_args());
+        self
+    }
+
+    /// Adds an argument.
+    pub(crate) fn arg(mut self, arg: impl ToRedisArgs) -> Self {
+        self.args.extend(arg.to_redis_args());
+        self
+    }
+
+    /// The script.
+    pub(crate) fn lua(&self) -> &Lua {
+        self.lua
+    }
+
+    /// The first key, if any (the one that routes the call on a cluster).
+    pub(crate) fn first_key(&self) -> Option<&[u8]> {
+        self.keys.first().map(Vec::as_slice)
+    }
+
+    /// `EVALSHA` of this call.
+    pub(crate) fn evalsha(&self) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.lua.script.get_hash())
+            .arg(self.keys.len())
+            .arg(&self.keys)
+            .arg(&self.args);
+        cmd
+    }
+}
 
 /// Shared prologue: server time, token minting, purge and upkeep of shared
 /// holders (who expire one by one in the sorted set).
@@ -71,8 +185,16 @@ local function keep_alive(H, Z)
     redis.call('PEXPIRE', Z, left)
   end
 end
+local now_us = string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2]))
+-- holder, holds, token, op of an exclusive hold (op is empty in old values)
 local function exclusive(v)
-  return string.match(v, '^(.*)\t(%d+)\t(%d+)$')
+  local holder, holds, token, op = string.match(v, '^([^\t]*)\t(%d+)\t(%d+)\t?([^\t]*)$')
+  return holder, holds, token, op
+end
+-- holds, token, op of a shared or semaphore hold
+local function shared(v)
+  local holds, token, op = string.match(v, '^(%d+) (%d+) ?(%S*)$')
+  return holds, token, op
 end
 local function unqueue(Q, QE, who)
   if redis.call('ZREM', Q, who) == 1 then redis.call('ZREM', QE, who) end
@@ -81,29 +203,39 @@ end
     };
 }
 
-/// KEYS: H, Z, F, Q, QE. ARGV: owner, mode, ttl_ms, reentrant (1/0), permits,
-/// proposal (a floor for a new token; 0 for none), queue_ms (an exclusive
-/// request that is refused stands in line for that long; 0: it does not).
-/// Returns `{1, token, holds}` granted, `{0, ms_until_first_expiry}` busy,
-/// `{-1, held_mode}` when the owner holds the key in another mode.
-pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
+/// KEYS: H, Z, F, Q, QE, L (the op's mark). ARGV: owner, mode, ttl_ms, reentrant
+/// (1/0), permits, proposal (a floor for a new token; 0 for none), queue_ms (an
+/// exclusive request that is refused stands in line for that long; 0: it does
+/// not), op, mark_ms.
+///
+/// Returns `{1, token, holds, mine, now_us}` granted (`mine`: 1 when this op
+/// created the hold, 0 when it found or added to an existing hold of the
+/// owner), `{0, ms_until_first_expiry, now_us}` busy (also for an op already
+/// undone), `{-1, held_mode}` when the owner holds the key in another mode.
+pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
         prologue!(),
         r"
-local H, Z, F, Q, QE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local H, Z, F, Q, QE, L = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local owner, mode, ttl, reentrant, permits = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
-local queue_ms = tonumber(ARGV[7])
+local queue_ms, op, mark_ms = tonumber(ARGV[7]), ARGV[8], ARGV[9]
+local mark = redis.call('GET', L)
+if mark == 'x' then return {0, 0, now_us} end
+if mark then
+  local token, holds, mine = string.match(mark, '^a (%d+) (%d+) (%d)$')
+  return {1, token, tonumber(holds), tonumber(mine), now_us}
+end
 local lined = redis.call('EXISTS', Q) == 1
 -- Refused: stand in line (or keep the place) if asked to, and say how long to wait.
 local function refuse(wait_ms)
   if mode == 'exclusive' and queue_ms > 0 then
-    redis.call('ZADD', Q, 'NX', tonumber(t[1]) * 1000000 + tonumber(t[2]), owner)
+    redis.call('ZADD', Q, 'NX', now_us, owner)
     redis.call('ZADD', QE, now + queue_ms, owner)
     local last = redis.call('ZRANGE', QE, -1, -1, 'WITHSCORES')
     redis.call('PEXPIRE', Q, tonumber(last[2]) - now)
     redis.call('PEXPIRE', QE, tonumber(last[2]) - now)
   end
-  return {0, wait_ms}
+  return {0, wait_ms, now_us}
 end
 -- A new grant waits for the live waiters in line: an exclusive one unless it
 -- is first, a shared or semaphore one while anyone stands there.
@@ -116,36 +248,48 @@ local function ahead()
   if first == nil or (first == owner and mode == 'exclusive') then return nil end
   return tonumber(redis.call('ZSCORE', QE, first)) - now
 end
-local function granted(token, holds)
+local function granted(token)
   if lined then unqueue(Q, QE, owner) end
-  return {1, token, holds}
+  return {1, token, 1, 1, now_us}
+end
+-- The owner's existing hold: a second run of this op (unchanged), a repeat
+-- (unchanged) or a reentrant acquire (one hold more, its answer kept for a
+-- second run). Only ever extends the expiry.
+local function existing(holds, token, hop, write)
+  if hop == op then return {1, token, tonumber(holds), 1, now_us} end
+  holds = tonumber(holds)
+  if reentrant == '1' then
+    holds = holds + 1
+    write(holds)
+    redis.call('SET', L, 'a ' .. token .. ' ' .. holds .. ' 0', 'PX', mark_ms)
+  end
+  return {1, token, holds, 0, now_us}
+end
+local function take(token)
+  if mode == 'exclusive' then
+    redis.call('SET', H, owner .. '\t1\t' .. token .. '\t' .. op, 'PX', ttl)
+  else
+    redis.call('DEL', Z)
+    redis.call('HSET', H, '\tm', mode, owner, '1 ' .. token .. ' ' .. op)
+    redis.call('ZADD', Z, now + ttl, owner)
+    keep_alive(H, Z)
+  end
+  return granted(token)
 end
 local kind = redis.call('TYPE', H)['ok']
 if kind == 'none' then
   local wait = ahead()
   if wait then return refuse(wait) end
-  local token = mint(F, ARGV[6])
-  if mode == 'exclusive' then
-    redis.call('SET', H, owner .. '\t1\t' .. token, 'PX', ttl)
-  else
-    redis.call('DEL', Z)
-    redis.call('HSET', H, '\tm', mode, owner, '1 ' .. token)
-    redis.call('ZADD', Z, now + ttl, owner)
-    keep_alive(H, Z)
-  end
-  return granted(token, 1)
+  return take(mint(F, ARGV[6]))
 end
 if kind == 'string' then
-  local holder, holds, token = exclusive(redis.call('GET', H))
+  local holder, holds, token, hop = exclusive(redis.call('GET', H))
   if holder ~= owner then return refuse(redis.call('PTTL', H)) end
   if mode ~= 'exclusive' then return {-1, 'exclusive'} end
-  holds = tonumber(holds)
-  if reentrant == '1' then
-    holds = holds + 1
-    redis.call('SET', H, owner .. '\t' .. holds .. '\t' .. token, 'KEEPTTL')
-  end
   if redis.call('PTTL', H) < ttl then redis.call('PEXPIRE', H, ttl) end
-  return {1, token, holds}
+  return existing(holds, token, hop, function(n)
+    redis.call('SET', H, owner .. '\t' .. n .. '\t' .. token .. '\t' .. hop, 'KEEPTTL')
+  end)
 end
 -- Shared or semaphore holders, each with its own expiry.
 local held = redis.call('HGET', H, '\tm') or ''
@@ -154,28 +298,17 @@ if n == 0 then
   local wait = ahead()
   if wait then return refuse(wait) end
   redis.call('DEL', H, Z)
-  local token = mint(F, ARGV[6])
-  if mode == 'exclusive' then
-    redis.call('SET', H, owner .. '\t1\t' .. token, 'PX', ttl)
-  else
-    redis.call('HSET', H, '\tm', mode, owner, '1 ' .. token)
-    redis.call('ZADD', Z, now + ttl, owner)
-    keep_alive(H, Z)
-  end
-  return granted(token, 1)
+  return take(mint(F, ARGV[6]))
 end
 local mine = redis.call('HGET', H, owner)
 if mine then
   if held ~= mode then return {-1, held} end
-  local holds, token = string.match(mine, '^(%d+) (%d+)$')
-  holds = tonumber(holds)
-  if reentrant == '1' then
-    holds = holds + 1
-    redis.call('HSET', H, owner, holds .. ' ' .. token)
-  end
   redis.call('ZADD', Z, math.max(tonumber(redis.call('ZSCORE', Z, owner) or '0'), now + ttl), owner)
   keep_alive(H, Z)
-  return {1, token, holds}
+  local holds, token, hop = shared(mine)
+  return existing(holds, token, hop, function(n)
+    redis.call('HSET', H, owner, n .. ' ' .. token .. ' ' .. hop)
+  end)
 end
 local ok = (mode == 'shared' and held == 'shared')
   or (string.sub(mode, 1, 10) == 'semaphore:' and string.sub(held, 1, 10) == 'semaphore:' and n < permits)
@@ -186,18 +319,19 @@ end
 local wait = ahead()
 if wait then return refuse(wait) end
 local token = mint(F, ARGV[6])
-redis.call('HSET', H, owner, '1 ' .. token)
+redis.call('HSET', H, owner, '1 ' .. token .. ' ' .. op)
 redis.call('ZADD', Z, now + ttl, owner)
 keep_alive(H, Z)
-return {1, token, 1}
+return {1, token, 1, 1, now_us}
 "
     ))
 });
 
 /// KEYS: H1, Z1, H2, Z2, …  ARGV: owner1, ttl1_ms, owner2, ttl2_ms, …
-/// Returns one 1 (renewed) or 0 (not held) per lease. Never re-creates a hold.
-pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
+/// Returns one 1 (renewed) or 0 (not held) per lease. Never re-creates a hold,
+/// and never shortens one: the expiry becomes at least now + ttl.
+pub(crate) static RENEW: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
         prologue!(),
         r"
 local out = {}
@@ -208,12 +342,13 @@ for i = 1, #KEYS, 2 do
   local ok = 0
   if kind == 'string' then
     if exclusive(redis.call('GET', H)) == owner then
-      redis.call('PEXPIRE', H, ttl)
+      if redis.call('PTTL', H) < ttl then redis.call('PEXPIRE', H, ttl) end
       ok = 1
     end
   elseif kind == 'hash' then
-    if redis.call('HEXISTS', H, owner) == 1 and tonumber(redis.call('ZSCORE', Z, owner) or '0') > now then
-      redis.call('ZADD', Z, now + ttl, owner)
+    local until_ms = tonumber(redis.call('ZSCORE', Z, owner) or '0')
+    if redis.call('HEXISTS', H, owner) == 1 and until_ms > now then
+      redis.call('ZADD', Z, math.max(until_ms, now + ttl), owner)
       keep_alive(H, Z)
       ok = 1
     end
@@ -225,58 +360,64 @@ return out
     ))
 });
 
-/// KEYS: H, Z, latch, F, Q, QE. ARGV: owner, channel, latch_ttl_ms, retry (1/0),
-/// next_owner ('' for none), next_ttl_ms, proposal (floor of the next token).
+/// KEYS: H, Z, L (the op's mark), F, Q, QE. ARGV: owner, channel, mark_ms,
+/// next_owner ('' for none), next_ttl_ms, proposal (floor of the next token),
+/// op.
 ///
 /// Returns `{holds_left, handed_token}`: `holds_left` is -1 when the owner holds
 /// nothing, else the holds left (0: let go). When an exclusive lock is let go
 /// and `next_owner` is given, the lock passes to `next_owner` in the same step
-/// (new token, no window for anybody else) and `handed_token` is its token;
-/// otherwise `handed_token` is 0 and waiters are told on the channel.
+/// (new token, created by this op, no window for anybody else) and
+/// `handed_token` is its token; otherwise `handed_token` is 0 and waiters are
+/// told on the channel.
 ///
-/// A partial release (reentrant holds remain) records its answer under the
-/// latch key; a retry (after a lost reply) returns that answer instead of
-/// releasing twice, and a retry that finds the owner gone reports 0, since the
-/// first attempt let go (it never touches another owner's hold).
-pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
+/// The answer is kept under the op's mark: a second run returns it and changes
+/// nothing, so a release retried after a lost reply cannot take a second hold
+/// away, and one that never ran before reports -1 if the owner holds nothing.
+/// An op marked undone (`x`) releases without handing over.
+pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
         prologue!(),
         r"
 local H, Z, L, F = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local owner, channel, retry, next_owner = ARGV[1], ARGV[2], ARGV[4] == '1', ARGV[5]
-if retry then
-  local prev = redis.call('GET', L)
-  if prev then return {tonumber(prev), 0} end
+local owner, channel, mark_ms, next_owner, op = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[7]
+local mark = redis.call('GET', L)
+if mark and mark ~= 'x' then
+  local left, handed = string.match(mark, '^r (%-?%d+) (%d+)$')
+  return {tonumber(left), handed}
+end
+if mark == 'x' then next_owner = '' end
+local function answer(left, handed)
+  redis.call('SET', L, 'r ' .. left .. ' ' .. handed, 'PX', mark_ms)
+  return {left, handed}
 end
 local kind = redis.call('TYPE', H)['ok']
 if kind == 'string' then
-  local holder, holds, token = exclusive(redis.call('GET', H))
+  local holder, holds, token, hop = exclusive(redis.call('GET', H))
   if holder == owner then
     holds = tonumber(holds) - 1
     if holds > 0 then
-      redis.call('SET', H, owner .. '\t' .. holds .. '\t' .. token, 'KEEPTTL')
-      redis.call('SET', L, holds, 'PX', ARGV[3])
-      return {holds, 0}
+      redis.call('SET', H, owner .. '\t' .. holds .. '\t' .. token .. '\t' .. hop, 'KEEPTTL')
+      return answer(holds, 0)
     end
     if next_owner ~= '' then
-      local next_token = mint(F, ARGV[7])
-      redis.call('SET', H, next_owner .. '\t1\t' .. next_token, 'PX', ARGV[6])
+      local next_token = mint(F, ARGV[6])
+      redis.call('SET', H, next_owner .. '\t1\t' .. next_token .. '\t' .. op, 'PX', ARGV[5])
       unqueue(KEYS[5], KEYS[6], next_owner)
-      return {0, next_token}
+      return answer(0, next_token)
     end
     redis.call('DEL', H)
     redis.call('PUBLISH', channel, 'free')
-    return {0, 0}
+    return answer(0, 0)
   end
 elseif kind == 'hash' then
   local mine = redis.call('HGET', H, owner)
   if mine and tonumber(redis.call('ZSCORE', Z, owner) or '0') > now then
-    local holds, token = string.match(mine, '^(%d+) (%d+)$')
+    local holds, token, hop = shared(mine)
     holds = tonumber(holds) - 1
     if holds > 0 then
-      redis.call('HSET', H, owner, holds .. ' ' .. token)
-      redis.call('SET', L, holds, 'PX', ARGV[3])
-      return {holds, 0}
+      redis.call('HSET', H, owner, holds .. ' ' .. token .. ' ' .. hop)
+      return answer(holds, 0)
     end
     redis.call('HDEL', H, owner)
     redis.call('ZREM', Z, owner)
@@ -286,11 +427,66 @@ elseif kind == 'hash' then
     elseif string.sub(redis.call('HGET', H, '\tm') or '', 1, 10) == 'semaphore:' then
       redis.call('PUBLISH', channel, 'permit')
     end
-    return {0, 0}
+    return answer(0, 0)
   end
 end
-if retry then return {0, 0} end
 return {-1, 0}
+"
+    ))
+});
+
+/// KEYS: H, Z, L (the op's mark). ARGV: owner, channel, mark_ms, op.
+///
+/// Undoes acquire op `op` of `owner`, or the handoff of release op `op` to
+/// `owner`: takes back the one hold that op created or added (releasing the
+/// lock if it was the last), nothing else, and marks the op undone so that it
+/// grants nothing should it run later. Returns 1 if a hold was taken back.
+pub(crate) static UNDO: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        prologue!(),
+        r"
+local H, Z, L = KEYS[1], KEYS[2], KEYS[3]
+local owner, channel, mark_ms, op = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local mark = redis.call('GET', L)
+if mark == 'x' then return 0 end
+redis.call('SET', L, 'x', 'PX', mark_ms)
+-- Added a hold to an existing one (a reentrant acquire), or created it.
+local added = mark ~= false and string.sub(mark, 1, 2) == 'a '
+local kind = redis.call('TYPE', H)['ok']
+if kind == 'string' then
+  local holder, holds, token, hop = exclusive(redis.call('GET', H))
+  if holder ~= owner or not (added or hop == op) then return 0 end
+  holds = tonumber(holds) - 1
+  if holds > 0 then
+    if hop == op then hop = '' end
+    redis.call('SET', H, owner .. '\t' .. holds .. '\t' .. token .. '\t' .. hop, 'KEEPTTL')
+  else
+    redis.call('DEL', H)
+    redis.call('PUBLISH', channel, 'free')
+  end
+  return 1
+elseif kind == 'hash' then
+  local mine = redis.call('HGET', H, owner)
+  if not mine then return 0 end
+  local holds, token, hop = shared(mine)
+  if not (added or hop == op) then return 0 end
+  holds = tonumber(holds) - 1
+  if holds > 0 then
+    if hop == op then hop = '' end
+    redis.call('HSET', H, owner, holds .. ' ' .. token .. ' ' .. hop)
+    return 1
+  end
+  redis.call('HDEL', H, owner)
+  redis.call('ZREM', Z, owner)
+  if redis.call('ZCARD', Z) == 0 then
+    redis.call('DEL', H, Z)
+    redis.call('PUBLISH', channel, 'free')
+  else
+    redis.call('PUBLISH', channel, 'permit')
+  end
+  return 1
+end
+return 0
 "
     ))
 });
@@ -298,8 +494,8 @@ return {-1, 0}
 /// KEYS: Q, QE, H. ARGV: owner, channel. Takes `owner` out of the line (a
 /// waiter that gave up); if it was first, wakes the waiters it held up (the
 /// next writer if the lock is free, readers refused while it stood there).
-pub(crate) static LEAVE_LINE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub(crate) static LEAVE_LINE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
         r"
 local first = redis.call('ZRANK', KEYS[1], ARGV[1]) == 0
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return 0 end
@@ -313,8 +509,8 @@ return 1
 /// KEYS: H, Z, F. Returns `{now_ms, fence, kind, holders, expiries, pttl}` where
 /// `holders` is `{owner, "<holds> <token>", …}` plus `\tm` → mode for a hash,
 /// or the exclusive value for a string.
-pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub(crate) static INSPECT: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
         r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -332,8 +528,8 @@ return {now, redis.call('GET', KEYS[3]) or '', kind, holders,
 });
 
 /// KEYS: H, Z. ARGV: channel. Deletes every hold (the fence stays) and wakes waiters.
-pub(crate) static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub(crate) static FORCE_RELEASE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
         r"
 local n = redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('PUBLISH', ARGV[1], 'free')
@@ -344,8 +540,8 @@ return n
 
 /// KEYS: resource hash. ARGV: token, value. Writes `value` and records `token`
 /// unless the resource has seen a larger token. Returns 1 written, 0 rejected.
-pub(crate) static FENCED_SET: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub(crate) static FENCED_SET: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
         r"
 local seen = redis.call('HGET', KEYS[1], 'token')
 if seen and tonumber(seen) > tonumber(ARGV[1]) then return 0 end
@@ -357,8 +553,8 @@ return 1
 
 /// KEYS: H, F. ARGV: owner, token. Raises the fence to at least `token` and
 /// records `token` as the owner's (Redlock's quorum max-register write).
-pub(crate) static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub(crate) static RAISE_FENCE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
         r"
 local token = ARGV[2]
 if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(token) then
@@ -366,14 +562,15 @@ if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(token) then
 end
 local kind = redis.call('TYPE', KEYS[1])['ok']
 if kind == 'string' then
-  local holder, holds = string.match(redis.call('GET', KEYS[1]), '^(.*)\t(%d+)\t(%d+)$')
+  local holder, holds, _, rest = string.match(redis.call('GET', KEYS[1]), '^([^\t]*)\t(%d+)\t(%d+)(.*)$')
   if holder == ARGV[1] then
-    redis.call('SET', KEYS[1], holder .. '\t' .. holds .. '\t' .. token, 'KEEPTTL')
+    redis.call('SET', KEYS[1], holder .. '\t' .. holds .. '\t' .. token .. rest, 'KEEPTTL')
   end
 elseif kind == 'hash' then
   local mine = redis.call('HGET', KEYS[1], ARGV[1])
   if mine then
-    redis.call('HSET', KEYS[1], ARGV[1], string.match(mine, '^(%d+) ') .. ' ' .. token)
+    local holds, _, rest = string.match(mine, '^(%d+) (%d+)(.*)$')
+    redis.call('HSET', KEYS[1], ARGV[1], holds .. ' ' .. token .. rest)
   end
 end
 return 1

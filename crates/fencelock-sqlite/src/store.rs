@@ -235,7 +235,7 @@ pub(crate) fn renew(conn: &mut Connection, leases: &[LeaseRef]) -> Result<Vec<Re
     {
         let mut stmt = tx
             .prepare_cached(
-                "UPDATE fencelock_holders SET expires_at = ?3
+                "UPDATE fencelock_holders SET expires_at = MAX(expires_at, ?3)
                  WHERE key = ?1 AND owner = ?2 AND expires_at > ?4",
             )
             .map_err(db_err)?;

@@ -250,6 +250,9 @@ fn needs_semaphore(c: &Capabilities) -> Option<&'static str> {
 fn needs_ttl(c: &Capabilities) -> Option<&'static str> {
     (!c.ttl).then_some("holds do not expire")
 }
+fn needs_reentrant_ttl(c: &Capabilities) -> Option<&'static str> {
+    needs_reentrant(c).or_else(|| needs_ttl(c))
+}
 fn needs_inspect(c: &Capabilities) -> Option<&'static str> {
     (!c.inspect).then_some("cannot inspect")
 }
@@ -271,6 +274,7 @@ fn all_cases() -> Vec<Case> {
         tokens_increase_across_holders: needs_fencing,
         reentrant_holds_count: needs_reentrant,
         reentry_after_a_stolen_hold_is_a_new_hold: needs_reentrant,
+        mixed_ttl_reentrant_holds_keep_the_longest: needs_reentrant_ttl,
         repeated_request_is_idempotent: always,
         readers_coexist_and_exclude_writers: needs_shared,
         semaphore_admits_exactly_n: needs_semaphore,
@@ -857,6 +861,42 @@ async fn reentry_after_a_stolen_hold_is_a_new_hold(cx: &Ctx) -> CaseResult {
     );
     g2.release().await?;
     let _ = g1.release().await;
+    Ok(())
+}
+
+/// Two holds of one owner with different TTLs: renewing the short one must not
+/// cut the long one's expiry, so the key stays held after the short one goes.
+async fn mixed_ttl_reentrant_holds_keep_the_longest(cx: &Ctx) -> CaseResult {
+    let (a, b) = (cx.locker().await?, cx.locker().await?);
+    let key = cx.key("k");
+    let owner = format!("{}mixed", cx.prefix).replace('/', "-");
+    let (long, short) = (cx.ttl * 20, cx.ttl);
+    let g1 = a.lock(&key).owner(&owner).ttl(long).acquire().await?;
+    let g2 = a
+        .lock(&key)
+        .owner(&owner)
+        .ttl(short)
+        .wait(Duration::ZERO)
+        .acquire()
+        .await?;
+    // The watchdog renews the short hold a few times, then it goes.
+    tokio::time::sleep(short * 2).await;
+    g2.release().await?;
+    // Well past the short TTL, within the long one.
+    tokio::time::sleep(short * 3).await;
+    ensure!(
+        g1.is_valid(),
+        "the long hold is no longer valid after the short one went: {:?}",
+        g1.lease().lost_reason()
+    );
+    ensure!(
+        b.lock(&key).try_acquire().await?.is_none(),
+        "another client got the lock while the long hold (ttl {long:?}) was valid for {:?} more",
+        g1.lease().time_left()
+    );
+    g1.release().await?;
+    let g3 = b.lock(&key).wait(cx.soon()).acquire().await?;
+    g3.release().await?;
     Ok(())
 }
 

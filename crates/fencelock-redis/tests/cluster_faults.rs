@@ -1,0 +1,181 @@
+//! Fault tests of the Redis backend on a private 3-master cluster whose
+//! primaries are reached through fault proxies (see `support`).
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use fencelock_core::{Backend, Key, LeaseRef, Locker, Mode, Owner, Request};
+use fencelock_redis::RedisBackend;
+use support::{PrivateCluster, direct};
+
+/// The hold count `owner` has on `key`, read on the node itself.
+async fn holds_on(port: u16, key: &str, owner: &str) -> Option<u32> {
+    let v: Option<String> = redis::cmd("GET")
+        .arg(format!("fencelock:{{{key}}}"))
+        .query_async(&mut direct(port).await)
+        .await
+        .unwrap();
+    let v = v?;
+    let mut f = v.split('\t');
+    if f.next()? != owner {
+        return None;
+    }
+    f.next()?.parse().ok()
+}
+
+/// Waits until `key`'s hold count for `owner` on its node is `want`.
+async fn until_holds(port: u16, key: &str, owner: &str, want: Option<u32>, what: &str) {
+    let start = Instant::now();
+    while holds_on(port, key, owner).await != want {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{what} never reached the server: holds {:?}, want {want:?}",
+            holds_on(port, key, owner).await
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Runs `op` while the primary's replies are held back; once the script ran
+/// (`ran` is seen on the node; `None`: after a second), the connection is cut
+/// (the reply is lost) and the way is opened again, so the client library
+/// re-sends the request.
+async fn with_lost_reply<T: Send + 'static>(
+    cluster: &PrivateCluster,
+    backend: &RedisBackend,
+    node: usize,
+    (key, owner): (&str, &str),
+    ran: Option<u32>,
+    op: impl std::future::Future<Output = T> + Send + 'static,
+) -> T {
+    // The client's connection to the node is up (not being set up anew).
+    backend.inspect(&Key::new(key).unwrap()).await.unwrap();
+    cluster.proxies[node].drop_replies();
+    let task = tokio::spawn(op);
+    match ran {
+        Some(_) => until_holds(cluster.ports[node], key, owner, ran, "the request").await,
+        None => tokio::time::sleep(Duration::from_secs(1)).await,
+    }
+    cluster.proxies[node].cut();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    cluster.proxies[node].restore();
+    tokio::time::timeout(Duration::from_secs(30), task)
+        .await
+        .expect("the request never finished")
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_script_sent_again_after_a_lost_reply_acts_once() {
+    let cluster = PrivateCluster::start().await;
+    let backend = RedisBackend::connect(&cluster.url("")).await.unwrap();
+    let key = "resent";
+    let name = format!("fencelock:{{{key}}}");
+    let node = cluster.node_of(&name).await;
+    let port = cluster.ports[node];
+    let owner = "reentrant-owner";
+    let req = Request::new(
+        Key::new(key).unwrap(),
+        Owner::new(owner).unwrap(),
+        Mode::Exclusive,
+        Duration::from_secs(60),
+    );
+    let g = backend.try_acquire(&req).await.unwrap().unwrap();
+    assert_eq!(holds_on(port, key, owner).await, Some(1));
+
+    // A reentrant acquire whose reply is lost adds one hold, not two.
+    let again = with_lost_reply(&cluster, &backend, node, (key, owner), Some(2), {
+        let (b, req) = (backend.clone(), req.clone());
+        async move { b.try_acquire(&req).await }
+    })
+    .await;
+    let again = again.expect("the re-sent acquire failed").expect("refused");
+    assert_eq!(again.holds, 2, "the re-sent acquire answered {again:?}");
+    assert_eq!(
+        holds_on(port, key, owner).await,
+        Some(2),
+        "a re-sent reentrant acquire added a second hold"
+    );
+
+    // A renewal whose reply is lost changes no hold count.
+    let lease = LeaseRef::new(&req, &g);
+    let renewed = with_lost_reply(&cluster, &backend, node, (key, owner), None, {
+        let (b, lease) = (backend.clone(), lease.clone());
+        async move { b.renew(std::slice::from_ref(&lease)).await }
+    })
+    .await;
+    assert!(renewed.is_ok(), "{renewed:?}");
+    assert_eq!(holds_on(port, key, owner).await, Some(2));
+
+    // A release whose reply is lost gives one hold back, not two. (One
+    // release first, so that the node has the script when the reply is lost.)
+    backend.try_acquire(&req).await.unwrap().unwrap();
+    assert_eq!(backend.release(&lease).await.unwrap().remaining, 2);
+    let released = with_lost_reply(&cluster, &backend, node, (key, owner), Some(1), {
+        let (b, lease) = (backend.clone(), lease.clone());
+        async move { b.release(&lease).await }
+    })
+    .await
+    .expect("the re-sent release failed");
+    assert_eq!(
+        released.remaining, 1,
+        "the re-sent release answered {released:?}"
+    );
+    assert_eq!(
+        holds_on(port, key, owner).await,
+        Some(1),
+        "a re-sent release gave back a second hold"
+    );
+    let other = Locker::new(RedisBackend::connect(&cluster.url("")).await.unwrap());
+    assert!(
+        other.lock(key).try_acquire().await.unwrap().is_none(),
+        "another owner got a lock still held once"
+    );
+    backend.release(&lease).await.unwrap();
+    assert!(other.lock(key).try_acquire().await.unwrap().is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_primary_loses_only_its_own_leases() {
+    let cluster = PrivateCluster::start().await;
+    let locker = Locker::new(
+        RedisBackend::connect(&cluster.url("?timeout=30s"))
+            .await
+            .unwrap(),
+    );
+    // Three keys on each primary.
+    let mut keys: Vec<Vec<String>> = vec![Vec::new(); 3];
+    for i in 0.. {
+        let key = format!("renew-{i}");
+        let node = cluster.node_of(&format!("fencelock:{{{key}}}")).await;
+        if keys[node].len() < 3 {
+            keys[node].push(key);
+        }
+        if keys.iter().all(|k| k.len() == 3) {
+            break;
+        }
+    }
+    let ttl = Duration::from_secs(3);
+    let mut guards = Vec::new();
+    for (node, ks) in keys.iter().enumerate() {
+        for k in ks {
+            guards.push((node, locker.lock(k).ttl(ttl).acquire().await.unwrap()));
+        }
+    }
+    cluster.servers[2].pause().unwrap();
+    // Several renewal periods and more than a TTL.
+    tokio::time::sleep(ttl * 2).await;
+    let report: Vec<(usize, bool)> = guards.iter().map(|(n, g)| (*n, g.is_valid())).collect();
+    cluster.servers[2].resume().unwrap();
+    for (node, valid) in &report {
+        if *node == 2 {
+            assert!(
+                !valid,
+                "a lease on the stalled primary stayed valid: {report:?}"
+            );
+        } else {
+            assert!(valid, "a lease on a healthy primary was lost: {report:?}");
+        }
+    }
+}
