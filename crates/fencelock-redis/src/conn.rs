@@ -199,6 +199,26 @@ impl Conn {
         }
     }
 
+    /// Loads `scripts` (on every primary of a cluster).
+    pub(crate) async fn preload(
+        &self,
+        scripts: &[&std::sync::LazyLock<crate::scripts::Lua>],
+    ) -> redis::RedisResult<()> {
+        for lua in scripts {
+            let load = lua.load_cmd();
+            match self {
+                Conn::Single(_) => {
+                    self.query::<String>(&load).await?;
+                }
+                Conn::Cluster(c) => {
+                    let all = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                    c.clone().route_command(load, all).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// A plain command.
     pub(crate) async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> redis::RedisResult<T> {
         match self {

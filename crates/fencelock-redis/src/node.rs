@@ -119,6 +119,11 @@ impl Node {
         conn.query::<String>(&redis::cmd("PING"))
             .await
             .map_err(|e| map_err(e, &address))?;
+        // Load the scripts now, so that no lock operation pays a NOSCRIPT
+        // round trip (they are loaded again if the server forgets them).
+        conn.preload(&scripts::ALL)
+            .await
+            .map_err(|e| map_err(e, &address))?;
         let subs = Subscriptions::start(conn.clone(), rx);
         Ok(Node {
             conn,
@@ -282,11 +287,7 @@ impl Node {
                 Ok(v) => return Ok(v),
                 // The reply may have been lost after the script ran: run the
                 // same op again. (A handoff is not retried: its next owner waits on.)
-                Err(e)
-                    if attempt < 3
-                        && next_owner.is_empty()
-                        && (e.is_io_error() || e.is_timeout() || e.is_connection_dropped()) =>
-                {
+                Err(e) if attempt < 3 && next_owner.is_empty() && is_transient(&e) => {
                     tokio::time::sleep(Duration::from_millis(50 * attempt)).await;
                 }
                 Err(e) => return Err(self.err(e)),
@@ -300,21 +301,32 @@ impl Node {
     /// a hold was taken back.
     pub(crate) async fn undo(&self, key: &Key, owner: &str, op: &Op) -> Result<bool> {
         let k = self.keys(key);
-        let undone: i64 = self
-            .conn
-            .invoke(
-                scripts::UNDO
-                    .key(&k.hash)
-                    .key(&k.expiry)
-                    .key(self.mark(&k, op))
-                    .arg(owner)
-                    .arg(&k.channel)
-                    .arg(self.mark_ms)
-                    .arg(op.as_str()),
-            )
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(undone == 1)
+        let mark = self.mark(&k, op);
+        let mut attempt = 0u64;
+        loop {
+            attempt += 1;
+            let r = self
+                .conn
+                .invoke::<i64>(
+                    scripts::UNDO
+                        .key(&k.hash)
+                        .key(&k.expiry)
+                        .key(&mark)
+                        .arg(owner)
+                        .arg(&k.channel)
+                        .arg(self.mark_ms)
+                        .arg(op.as_str()),
+                )
+                .await;
+            match r {
+                Ok(undone) => return Ok(undone == 1),
+                // Undoing twice is undoing once: try again on connection trouble.
+                Err(e) if attempt < 3 && is_transient(&e) => {
+                    tokio::time::sleep(Duration::from_millis(50 * attempt)).await;
+                }
+                Err(e) => return Err(self.err(e)),
+            }
+        }
     }
 
     /// Takes `owner` out of `key`'s line of waiters.
@@ -408,6 +420,11 @@ impl Node {
         keys.dedup();
         Ok(keys)
     }
+}
+
+/// Connection trouble, after which a request may or may not have run.
+fn is_transient(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_timeout() || e.is_connection_dropped()
 }
 
 /// A key as it stands inside the hash tag: `%` and `}` percent-encoded, so

@@ -112,6 +112,19 @@ impl Lua {
     }
 }
 
+/// Every script, for loading them at connect.
+pub(crate) static ALL: [&LazyLock<Lua>; 9] = [
+    &ACQUIRE,
+    &RENEW,
+    &RELEASE,
+    &UNDO,
+    &LEAVE_LINE,
+    &INSPECT,
+    &FORCE_RELEASE,
+    &FENCED_SET,
+    &RAISE_FENCE,
+];
+
 /// One call of a script: its keys and arguments.
 pub(crate) struct Call<'a> {
     lua: &'a Lua,
