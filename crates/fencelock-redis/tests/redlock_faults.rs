@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use fencelock_core::{Error, Hold, Locker, LostReason, Mode, check_history};
+use fencelock_core::{
+    Backend, Error, Hold, Key, LeaseRef, Locker, LostReason, Mode, Owner, Request, check_history,
+};
 use fencelock_redis::{RedisBackend, RedlockBackend};
 use fencelock_testkit::{FaultProxy, ServerProcess, free_port};
 
@@ -310,4 +312,233 @@ async fn bad_urls_are_named() {
         .await
         .unwrap_err();
     assert!(e.to_string().contains("instance_timeout"), "{e}");
+}
+
+/// `n` proxies, one in front of each instance of `five` (dead ones too).
+async fn proxies(five: &Five) -> Vec<FaultProxy> {
+    let mut out = Vec::new();
+    for p in &five.ports {
+        out.push(
+            FaultProxy::start(format!("127.0.0.1:{p}").parse().unwrap())
+                .await
+                .unwrap(),
+        );
+    }
+    out
+}
+
+fn url_through(proxies: &[FaultProxy], query: &str) -> String {
+    let hosts: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
+    format!("redlock://{}{query}", hosts.join(","))
+}
+
+/// Who holds `key` (exclusively) on instance `port`, read on the instance itself.
+async fn holder_on(port: u16, key: &str) -> Option<String> {
+    let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}").as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .ok()?;
+    let v: Option<String> = redis::cmd("GET")
+        .arg(format!("fencelock:{{{key}}}"))
+        .query_async(&mut c)
+        .await
+        .ok()?;
+    Some(v?.split('\t').next()?.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_clocks_never_enter_tokens() {
+    // A's clock is off when it is granted on instances 0, 1, 2 (3 and 4 are
+    // down); instance 2 restarts empty and 3, 4 come back; B is granted on
+    // 2, 3, 4. Whatever the two clients' clocks say, B's token is larger.
+    for (a_off, b_off) in [(5_000, -5_000), (-5_000, 5_000), (5_000, 0)] {
+        let mut five = Five::start();
+        five.kill(3);
+        five.kill(4);
+        let url = five.url();
+        fencelock_core::clock::shift_wall_clock_for_tests(a_off);
+        let a = Locker::new(RedlockBackend::connect(&url).await.unwrap());
+        let ga = a
+            .lock("k")
+            .ttl(Duration::from_secs(3))
+            .acquire()
+            .await
+            .unwrap();
+        let ta = ga.token().unwrap();
+        five.restart(2);
+        five.restart(3);
+        five.restart(4);
+        fencelock_core::clock::shift_wall_clock_for_tests(b_off);
+        let b = Locker::new(RedlockBackend::connect(&url).await.unwrap());
+        let gb = b
+            .lock("k")
+            .ttl(Duration::from_secs(3))
+            .wait(Duration::from_secs(5))
+            .acquire()
+            .await
+            .unwrap();
+        fencelock_core::clock::shift_wall_clock_for_tests(0);
+        let tb = gb.token().unwrap();
+        assert!(
+            tb > ta,
+            "clocks {a_off:+} ms / {b_off:+} ms: B's token {tb} is not above A's {ta}"
+        );
+        let store = RedisBackend::connect("redis://127.0.0.1:6379")
+            .await
+            .unwrap();
+        let resource = format!("redlock-clock-test:{}", uuid_like());
+        assert!(store.fenced_set(&resource, tb, "B").await.unwrap());
+        assert!(
+            !store.fenced_set(&resource, ta, "stale A").await.unwrap(),
+            "A's stale write got through"
+        );
+        drop((ga, gb));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_round_never_takes_back_a_hold_a_handoff_gave() {
+    // The head of a line re-checks (an acquire round) while its locker hands
+    // it the lock; the two reach the instances in different orders. The head's
+    // round falls short of a majority and is undone: it must not take back
+    // the handed holds. Two clients with their own proxies order each instance.
+    let mut five = Five::start();
+    let (px, py) = (proxies(&five).await, proxies(&five).await);
+    let query = "?instance_timeout=10s";
+    let releaser = RedlockBackend::connect(&url_through(&px, query))
+        .await
+        .unwrap();
+    let head_client = RedlockBackend::connect(&url_through(&py, query))
+        .await
+        .unwrap();
+    let key = Key::new("handoff").unwrap();
+    let req = |owner: &str| {
+        Request::new(
+            key.clone(),
+            Owner::new(owner).unwrap(),
+            Mode::Exclusive,
+            Duration::from_secs(30),
+        )
+        .with_reentrant(false)
+    };
+    let (holder, head) = (req("holder"), req("head"));
+    let g = releaser.try_acquire(&holder).await.unwrap().unwrap();
+    five.kill(3);
+    five.kill(4);
+    // Instance 0 sees the handoff first, 1 and 2 the head's round first.
+    py[0].set_latency(Duration::from_secs(3));
+    px[1].set_latency(Duration::from_secs(3));
+    px[2].set_latency(Duration::from_secs(3));
+    let round = tokio::spawn({
+        let (c, head) = (head_client.clone(), head.clone());
+        async move { c.try_acquire(&head).await }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let handoff = tokio::spawn({
+        let (c, lease, head) = (releaser.clone(), LeaseRef::new(&holder, &g), head.clone());
+        async move { c.release_to(&lease, &head).await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for p in px.iter().chain(&py) {
+        p.set_latency(Duration::ZERO);
+    }
+    let (_, handed) = handoff.await.unwrap().unwrap();
+    let _ = round.await.unwrap();
+    assert!(
+        handed.is_some(),
+        "the handoff reached a majority, yet was not granted"
+    );
+    let mut on = Vec::new();
+    for i in 0..3 {
+        if holder_on(five.ports[i], "handoff").await.as_deref() == Some("head") {
+            on.push(i);
+        }
+    }
+    assert!(
+        on.len() >= 3,
+        "the handed lock is held on instances {on:?} only: not a majority of 5"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_of_slow_instances_is_retried_until_the_deadline() {
+    let five = Five::start();
+    let px = proxies(&five).await;
+    let locker = Locker::new(
+        RedlockBackend::connect(&url_through(&px[..3], "?instance_timeout=100ms"))
+            .await
+            .unwrap(),
+    );
+    // Every instance alive but slower than the instance timeout, for 2 s.
+    for p in &px {
+        p.set_latency(Duration::from_millis(300));
+    }
+    let waiting = tokio::spawn({
+        let locker = locker.clone();
+        async move {
+            locker
+                .lock("k")
+                .ttl(Duration::from_secs(10))
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for p in &px {
+        p.set_latency(Duration::ZERO);
+    }
+    let g = waiting
+        .await
+        .unwrap()
+        .expect("slow (not dead) instances were reported as an error before the deadline");
+    g.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redlock_acquire_dropped_in_flight_leaves_no_hold() {
+    let five = Five::start();
+    let px = proxies(&five).await;
+    let slow = Locker::new(
+        RedlockBackend::connect(&url_through(&px[..3], "?instance_timeout=5s"))
+            .await
+            .unwrap(),
+    );
+    slow.lock("warm-up")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let direct = Locker::new(
+        RedlockBackend::connect(&format!(
+            "redlock://127.0.0.1:{},127.0.0.1:{},127.0.0.1:{}",
+            five.ports[0], five.ports[1], five.ports[2]
+        ))
+        .await
+        .unwrap(),
+    );
+    for p in &px {
+        p.set_latency(Duration::from_secs(1));
+    }
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(500),
+        slow.lock("k").ttl(Duration::from_secs(60)).acquire(),
+    )
+    .await;
+    assert!(gave_up.is_err(), "granted through a 1 s link in 0.5 s");
+    // The request has reached the instances (at 1 s) before anyone else asks.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let g = direct
+        .lock("k")
+        .wait(Duration::from_secs(20))
+        .acquire()
+        .await
+        .expect("the dropped acquire left holds behind (their TTL is 60 s)");
+    for p in &px {
+        p.set_latency(Duration::ZERO);
+    }
+    g.release().await.unwrap();
 }
