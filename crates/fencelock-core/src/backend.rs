@@ -272,6 +272,13 @@ pub trait Backend: Send + Sync + 'static {
     /// The same owner asking again in the same mode gets its existing hold: with
     /// [`Request::reentrant`] (and [`Capabilities::reentrant`]) the hold count
     /// rises and the token stays; without it nothing changes (an idempotent retry).
+    ///
+    /// # Cancel safety
+    ///
+    /// A backend should undo a grant whose caller dropped the attempt while the
+    /// request was in flight (the Redis backends do); one that cannot leaves a
+    /// hold that nobody renews, which expires after the request's TTL, and says
+    /// so in its docs.
     async fn try_acquire(&self, req: &Request) -> Result<Option<Grant>>;
 
     /// Renews many leases in one round trip (the watchdog's batch). Returns one
@@ -325,8 +332,9 @@ pub trait Backend: Send + Sync + 'static {
     ///
     /// # Cancel safety
     ///
-    /// The provided loop is cancel safe between attempts; an override must make
-    /// sure a cancelled acquire leaves no hold or queue entry behind.
+    /// The provided loop is as cancel safe as [`Backend::try_acquire`]; an
+    /// override must make sure a cancelled acquire leaves no queue entry behind,
+    /// and no hold beyond what `try_acquire`'s contract allows.
     async fn acquire(&self, req: &Request, deadline: Option<Instant>) -> Result<Option<Grant>> {
         let mut backoff = Backoff::default();
         loop {

@@ -159,6 +159,14 @@ impl Lease {
 
     /// Whether the hold is surely still valid: not lost, and its conservative
     /// local deadline (grant or last renewal + ttl − drift allowance) not passed.
+    ///
+    /// The deadline is kept on the monotonic clock (`CLOCK_MONOTONIC` on Linux),
+    /// which runs on while the process is stopped (SIGSTOP, a debugger, a long
+    /// GC pause), so a pause past the deadline is noticed. It does **not** run
+    /// while the whole machine is suspended (suspend to RAM, a paused VM):
+    /// after a resume the hold may look valid although the server let it
+    /// expire. Renewal notices within a renewal period; fence writes with the
+    /// token where that matters.
     pub fn is_valid(&self) -> bool {
         let s = self.state.borrow();
         s.lost.is_none() && Instant::now() < s.deadline
@@ -309,8 +317,10 @@ impl Guard {
         self.lease_ref.mode
     }
 
-    /// The fencing token of the grant (the same for reentrant holds); `None` when
-    /// the backend cannot guarantee one.
+    /// The fencing token of the grant (the same for reentrant holds, except on
+    /// Redlock when an instance that missed the first hold grants the
+    /// reentrant one anew: then a larger token); `None` when the backend
+    /// cannot guarantee one.
     pub fn token(&self) -> Option<FencingToken> {
         self.lease_ref.token
     }

@@ -422,7 +422,9 @@ impl LockBuilder {
     /// # Cancel safety
     ///
     /// Cancelling while waiting leaves nothing behind. Cancelling while a grant is
-    /// in flight can leave a hold that nobody renews; it expires after its TTL.
+    /// in flight leaves nothing behind on Redis, Redis Cluster and Redlock (the
+    /// grant is undone); on other backends it can leave a hold that nobody
+    /// renews, which expires after its TTL.
     pub async fn acquire(self) -> Result<Guard> {
         let req = self.request()?;
         acquire_one(&self.locker, &req, &self.opts).await

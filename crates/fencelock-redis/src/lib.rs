@@ -15,22 +15,60 @@
 //!   cluster, sent concurrently); a hold that is gone is reported lost, never
 //!   re-created.
 //! - **release** (one round trip): owner-checked, decrements the hold count, and
-//!   when waiters may proceed PUBLISHes on the lock's channel. Each release has a
-//!   request id; the script stores its answer briefly under that id (Redisson's
-//!   unlock latch), so a release retried after a lost reply cannot take a second
-//!   hold away.
+//!   when waiters may proceed PUBLISHes on the lock's channel.
+//!
+//! Every call carries an operation id, so that a script that runs twice (a
+//! request re-sent after its reply was lost, by redis-rs's cluster client or
+//! by fencelock's own retry of a release) acts once, and an acquire given up
+//! by its caller is undone exactly (see the `scripts` module).
 //!
 //! Holders of shared and semaphore locks expire one by one (a sorted set of
 //! expiry times), so a crashed reader's or permit holder's share comes back after
-//! its TTL. All keys of one lock carry the hash tag `{key}`, so a lock lives in one
-//! cluster slot. See the `scripts` module docs for the key layout.
+//! its TTL. All keys of one lock carry one hash tag (the key, with `%` and `}`
+//! percent-encoded), so a lock lives in one cluster slot.
 //!
-//! # Fencing
+//! # What is guaranteed, and under which assumptions
 //!
-//! Tokens are `max(last token + 1, server time in µs)`: they rise with every grant,
-//! and keep rising even when Redis loses the counter (restarted without
-//! persistence, failed over to a replica that missed the last writes), as long
-//! as the server clock does not step back across that event.
+//! On one Redis (`redis://`) and per key on a Redis Cluster (a key lives on one
+//! primary):
+//!
+//! - **Exclusion.** While a guard [is valid](fencelock_core::Guard::is_valid),
+//!   no other owner is granted the key (no writer beside readers, at most N
+//!   permit holders), provided (1) Redis keeps its data while the hold lives:
+//!   it is not restarted without persistence and does not fail over to a
+//!   replica that missed the grant (`wait_replicas=N` makes a grant, handoffs
+//!   included, count only once N replicas acknowledged it, which narrows that
+//!   window but does not close it: `WAIT` is not consensus); (2) the server's
+//!   clock, which expires keys, does not jump forward; (3) it runs no faster
+//!   than the client's monotonic clock by more than the drift allowance (1 %
+//!   of the TTL + 2 ms); (4) the client machine is not suspended (see
+//!   [`Lease::is_valid`](fencelock_core::Lease::is_valid)).
+//! - **Fencing tokens** strictly increase per key across grants. While Redis
+//!   keeps its data this needs nothing (a counter). When it loses them
+//!   (restarted empty, failed over to a replica that missed the last grants),
+//!   tokens are floored at the server's clock in µs, so they keep rising as
+//!   long as the clock of the server that takes over is not behind the one
+//!   that handed out the last token (a restarted server: its clock did not
+//!   step back; a failover: the replica's clock is not behind the old
+//!   primary's by more than the failover took). Use the token to fence writes
+//!   ([`RedisBackend::fenced_set`], or `… WHERE last_token < $token`): that is
+//!   what keeps the resource safe when (1)–(4) do not hold.
+//! - **Renewal** only extends a hold (two holds of one owner with different
+//!   TTLs share one expiry; the shorter one never cuts the longer). A hold that
+//!   is gone is reported lost and never re-created. On a cluster a stalled
+//!   primary costs only the leases it keeps.
+//! - **Release** touches only the owner's hold. A release retried after its
+//!   reply was lost reports what the first run did; one that never reached
+//!   Redis reports [`NotHeld`](fencelock_core::Error::NotHeld) if the hold has
+//!   gone to another owner meanwhile.
+//! - **Cancellation.** An acquire dropped while its request is in flight is
+//!   undone: the hold it made (if any) is taken back by a spawned task, and a
+//!   request that reaches Redis after its undo grants nothing. (If Redis cannot
+//!   be reached for the undo, the hold expires after its TTL.)
+//!
+//! The marks that make scripts act once cost one short-lived key per release
+//! and per reentrant acquire (about 80 bytes, kept for four response timeouts,
+//! 20 s by default).
 //!
 //! # Waiting
 //!

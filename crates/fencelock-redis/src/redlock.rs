@@ -4,13 +4,18 @@
 //! # Algorithm
 //!
 //! - **Acquire**: run the Redis backend's acquire script on all N instances in
-//!   parallel, each bounded by a per-instance timeout far below the TTL (default
-//!   `min(ttl/10, 100 ms)`). The lock is granted when at least `N/2 + 1`
-//!   instances granted it and the validity `ttl − elapsed − drift` (drift =
-//!   `ttl × 1 % + 2 ms`) is still positive. Otherwise every instance that granted
-//!   (or did not answer) is released and the attempt counts as busy; waiters
-//!   retry after a jittered delay, or at once when an instance publishes a
-//!   release.
+//!   parallel, as one operation (see the `scripts` module), each bounded by a
+//!   per-instance timeout (default a fifth of the TTL, between 20 ms and 1 s).
+//!   The lock is granted when at least `N/2 + 1` instances granted it and the
+//!   validity `ttl − elapsed − drift` (drift = `ttl × 1 % + 2 ms`) is still
+//!   positive. Otherwise the operation is undone on every instance that granted
+//!   it or may have run it — exactly what it granted, never a hold that came
+//!   another way (a concurrent handoff to the same waiter) — and the attempt
+//!   counts as busy; waiters retry after a jittered delay, or at once when an
+//!   instance publishes a release. A round in which too few instances answered
+//!   in time (alive but slow) is retried until the caller's deadline; one in
+//!   which too few can be reached fails at once. An acquire dropped while in
+//!   flight is undone in the background.
 //! - **Renew** (the watchdog's batch): one script per instance for all leases;
 //!   a lease stays held only if a majority renewed it within its validity.
 //! - **Release**: on every instance; `NotHeld` only if no instance held it. A
@@ -22,17 +27,24 @@
 //!   skipped for a second, so a dead instance does not cost every operation its
 //!   timeout.
 //!
-//! # Fencing: a quorum max-register
+//! # Fencing: a quorum max-register, floored at the instances' clocks
 //!
-//! Each instance keeps a fence counter `F_i`. The client proposes a floor `p`
-//! (its clock in µs plus one second for skew, rising per client); an instance
-//! that grants answers `max(F_i + 1, its own clock in µs, p)` and stores that in
-//! `F_i`. A grant that reached a majority `M` takes the **largest** answer as its
-//! token `t`. If every answer was `p`, the instances of `M` already store `t`;
-//! otherwise `t` is written to every instance with a set-if-greater script
+//! Each instance keeps a fence counter `F_i`. An instance that grants answers
+//! `max(F_i + 1, its own clock in µs, p)` and stores that in `F_i`, where `p`
+//! is a proposal that lets the instances agree on one value: the latest clock
+//! reading an instance sent this client (every answer carries one), plus the
+//! time since it arrived, plus 1 ms — or 0 without a reading of the last
+//! second. **No client wall clock enters a token**: a client whose clock is
+//! off by any amount proposes nothing higher than the fastest instance's clock
+//! + 1 ms (+ its monotonic clock's error over a second).
+//!
+//! A grant that reached a majority `M` takes the **largest** answer as its
+//! token `t`. If every answer was the same, the instances of `M` already store
+//! `t`; otherwise `t` is written to every instance with a set-if-greater script
 //! (`RAISE_FENCE`), and a majority must acknowledge before the grant counts.
 //! Either way, after a grant with token `t`, a majority `W` holds `F ≥ t` — and
-//! in the common case that cost no extra round trip.
+//! in the common case (instance clocks within a millisecond of each other) that
+//! cost no extra round trip.
 //!
 //! A later holder's acquire majority `M'` intersects `W` (two majorities of N
 //! always share an instance), and that instance answers at least `t + 1`; the
@@ -41,13 +53,22 @@
 //! or missed writes in between.
 //!
 //! The one case the register cannot cover alone is the classic objection: an
-//! instance of `W` restarting **empty** during a hold, so that the later majority
-//! meets the earlier one only in that forgetful instance. The clock floor covers
-//! it: every answer is at least the instance's µs clock, so a later grant gets a
-//! larger token as long as instance clocks do not step back (tested: the stale
+//! instance of `W` restarting **empty**, so that a later majority meets the
+//! earlier one only in that forgetful instance. The clock floor covers it:
+//! every answer is at least the instance's µs clock, and no token exceeds the
+//! fastest instance clock of its time by more than 1 ms. So tokens keep rising
+//! provided **instance clocks never step back, and an instance restarted empty
+//! rejoins no sooner than the largest difference between instance clocks plus
+//! 1 ms after it went down** (tested with client clocks ±5 s off: the stale
 //! holder's fenced write is rejected). Exclusion itself, as with every Redlock,
-//! is only safe if restarted instances stay away for a TTL; the fencing token is
-//! what protects the resource when it is not.
+//! holds only if a restarted instance stays away for a TTL, instance clocks run
+//! within the drift allowance of the client's monotonic clock, and the client
+//! machine is not suspended; the fencing token is what protects the resource
+//! when they do not.
+//!
+//! A reentrant acquire returns the token of the hold it adds to, unless an
+//! instance that missed the first hold grants it anew: then the largest
+//! answer, a larger token (never a smaller one).
 //!
 //! # Modes
 //!
