@@ -2,7 +2,6 @@
 //! server (scripts/services.sh): every case its capabilities allow.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use fencelock_core::{Backend, Key, Result, async_trait};
 use fencelock_memcached::MemcachedBackend;
@@ -23,11 +22,6 @@ impl Harness for Memcached {
             .await?
             .force_release(key)
             .await
-    }
-
-    /// memcached's expiry has one-second steps: short TTLs become 2 s on the server.
-    fn ttl(&self) -> Duration {
-        Duration::from_secs(1)
     }
 }
 

@@ -56,9 +56,11 @@ pub trait Harness: Send + Sync + 'static {
     async fn steal(&self, key: &Key) -> Result<()>;
 
     /// A TTL short enough to keep the suite quick and long enough for this
-    /// backend to renew reliably on a loaded 2-core machine. Default 600 ms.
+    /// backend to renew reliably on a loaded 2-core machine: a renewal is due
+    /// at ttl/3 and must be answered before ttl, so the default of 2 s leaves
+    /// more than a second for a stalled machine.
     fn ttl(&self) -> Duration {
-        Duration::from_millis(600)
+        Duration::from_secs(2)
     }
 
     /// Total acquisitions of the contention case, spread over 32 tasks. Default 320.
