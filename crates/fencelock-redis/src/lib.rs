@@ -284,7 +284,7 @@ impl RedisBackend {
         }
         let acked: Result<i64> = self
             .node()
-            .conn
+            .grant_conn()
             .query(
                 redis::cmd("WAIT")
                     .arg(want)
@@ -379,15 +379,16 @@ impl RedisBackend {
         token: FencingToken,
         value: &str,
     ) -> Result<bool> {
+        // The op's mark keeps a request re-sent after its reply was lost from
+        // writing again after a later write with the same token.
+        let mut call = scripts::FENCED_SET.key(resource);
+        if let Some(mark) = self.node().mark_beside(resource) {
+            call = call.key(mark);
+        }
         let written: i64 = self
             .node()
             .conn
-            .invoke(
-                scripts::FENCED_SET
-                    .key(resource)
-                    .arg(token.get())
-                    .arg(value),
-            )
+            .invoke(call.arg(token.get()).arg(value).arg(self.node().mark_ms()))
             .await
             .map_err(|e| self.node().err(e))?;
         Ok(written == 1)

@@ -77,6 +77,10 @@ impl OpIds {
 
 pub(crate) struct Node {
     pub(crate) conn: Conn,
+    /// With `wait_replicas`, grants and their `WAIT` run on a connection of
+    /// their own: Redis blocks a client for the whole `WAIT`, which must not
+    /// hold up the renewals and releases on `conn`.
+    grants: Option<Conn>,
     subs: Arc<Subscriptions>,
     /// The node's URL without options, password redacted.
     pub(crate) address: String,
@@ -124,15 +128,27 @@ impl Node {
         conn.preload(&scripts::ALL)
             .await
             .map_err(|e| map_err(e, &address))?;
+        let grants = if options.wait_replicas > 0 {
+            let (tx, _) = tokio::sync::mpsc::unbounded_channel();
+            Some(Conn::open(target, options, tx, &address).await?)
+        } else {
+            None
+        };
         let subs = Subscriptions::start(conn.clone(), rx);
         Ok(Node {
             conn,
+            grants,
             subs,
             address,
             prefix: options.prefix.clone(),
             mark_ms: (options.response_timeout * 4).as_millis() as u64,
             ops: OpIds::new(),
         })
+    }
+
+    /// The connection grants (and their `WAIT`) go on.
+    pub(crate) fn grant_conn(&self) -> &Conn {
+        self.grants.as_ref().unwrap_or(&self.conn)
     }
 
     /// A new operation id.
@@ -143,6 +159,30 @@ impl Node {
     /// The name of `op`'s mark.
     fn mark(&self, k: &LockKeys, op: &Op) -> String {
         format!("{}:op:{}", k.hash, op.as_str())
+    }
+
+    /// A mark for an op on the user's key `resource`, in its cluster slot, or
+    /// `None` where no name is sure to share it (a name with a `}` but no
+    /// hash tag of its own).
+    pub(crate) fn mark_beside(&self, resource: &str) -> Option<String> {
+        let op = self.op();
+        let tagged = resource.find('{').is_some_and(|open| {
+            resource[open + 1..]
+                .find('}')
+                .is_some_and(|close| close > 0)
+        });
+        if tagged {
+            Some(format!("{resource}:op:{}", op.as_str()))
+        } else if !resource.contains('}') {
+            Some(format!("{{{resource}}}:op:{}", op.as_str()))
+        } else {
+            None
+        }
+    }
+
+    /// How long an op's mark is kept.
+    pub(crate) fn mark_ms(&self) -> u64 {
+        self.mark_ms
     }
 
     pub(crate) fn keys(&self, key: &Key) -> LockKeys {
@@ -177,7 +217,7 @@ impl Node {
             _ => 0,
         };
         let reply: Vec<Value> = self
-            .conn
+            .grant_conn()
             .invoke(
                 scripts::ACQUIRE
                     .key(&k.hash)
@@ -261,11 +301,16 @@ impl Node {
             }
             _ => ("", 0),
         };
+        // A handoff is a grant: on the grants' connection, where its `WAIT` goes.
+        let conn = if next_owner.is_empty() {
+            &self.conn
+        } else {
+            self.grant_conn()
+        };
         let mut attempt = 0u64;
         loop {
             attempt += 1;
-            let r = self
-                .conn
+            let r = conn
                 .invoke(
                     scripts::RELEASE
                         .key(&k.hash)
@@ -349,13 +394,16 @@ impl Node {
     /// Deletes every hold of `key` and wakes its waiters; the fence stays.
     pub(crate) async fn force_release(&self, key: &Key) -> Result<()> {
         let k = self.keys(key);
+        let mark = self.mark(&k, &self.op());
         let _: i64 = self
             .conn
             .invoke(
                 scripts::FORCE_RELEASE
                     .key(&k.hash)
                     .key(&k.expiry)
-                    .arg(&k.channel),
+                    .key(mark)
+                    .arg(&k.channel)
+                    .arg(self.mark_ms),
             )
             .await
             .map_err(|e| self.err(e))?;
@@ -398,16 +446,18 @@ impl Node {
 
     /// Keys (not names of Redis keys) of every lock under `prefix`.
     pub(crate) async fn keys_under(&self, prefix: &str) -> Result<Vec<String>> {
-        let escaped: String = escape(prefix)
-            .chars()
-            .flat_map(|c| {
-                let esc = matches!(c, '*' | '?' | '[' | ']' | '\\').then_some('\\');
-                esc.into_iter().chain(std::iter::once(c))
-            })
-            .collect();
+        let glob = |s: &str| -> String {
+            s.chars()
+                .flat_map(|c| {
+                    let esc = matches!(c, '*' | '?' | '[' | ']' | '\\').then_some('\\');
+                    esc.into_iter().chain(std::iter::once(c))
+                })
+                .collect()
+        };
+        let pattern = format!("{}{{{}*}}", glob(&self.prefix), glob(&escape(prefix)));
         let names = self
             .conn
-            .scan_keys(&format!("{}{{{escaped}*}}", self.prefix))
+            .scan_keys(&pattern)
             .await
             .map_err(|e| self.err(e))?;
         let start = self.prefix.len() + 1;

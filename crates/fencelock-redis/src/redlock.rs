@@ -18,7 +18,9 @@
 //!   flight is undone in the background.
 //! - **Renew** (the watchdog's batch): one script per instance for all leases;
 //!   a lease stays held only if a majority renewed it within its validity.
-//! - **Release**: on every instance; `NotHeld` only if no instance held it. A
+//! - **Release**: on every instance (also those that failed a moment ago);
+//!   `NotHeld` when none of the first majority of instances to answer held it
+//!   (the lease had lost its majority; the others still release it). A
 //!   release to the next waiter of the same `Locker` hands the lock over inside
 //!   each instance's release script; the handoff counts when a majority handed
 //!   it (its token settled as below), and is undone otherwise.
@@ -201,6 +203,15 @@ impl Call {
     }
 }
 
+/// Whether an operation skips instances that failed a moment ago.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Skip {
+    /// Skip them (acquire rounds, renewals, reads: an answer is not needed).
+    Down,
+    /// Send to every instance (releases and undos).
+    Never,
+}
+
 /// The outcome of one Redlock round.
 enum Round {
     Granted(Grant),
@@ -250,19 +261,22 @@ impl Drop for Pending {
 
 impl Inner {
     /// Runs `f` on instance `i` (connecting it first if needed), each step
-    /// bounded by `timeout`; skips an instance that failed within [`DOWN_FOR`],
-    /// and marks it down when it fails now.
+    /// bounded by `timeout`; with `skip`, skips an instance that failed within
+    /// [`DOWN_FOR`] (acquire rounds, which need not wait for it); marks it down
+    /// when it fails now. Releases and undos never skip: they must reach every
+    /// instance the request may have reached.
     async fn run_on<'a, T, Fut>(
         &'a self,
         i: usize,
         timeout: Duration,
+        skip: Skip,
         f: impl FnOnce(&'a Node) -> Fut,
     ) -> Answer<T>
     where
         Fut: Future<Output = Result<T>> + 'a,
     {
         let inst = &self.instances[i];
-        if let Some(slow) = inst.is_down() {
+        if let (Skip::Down, Some(slow)) = (skip, inst.is_down()) {
             let e = Error::connection(
                 NAME,
                 &inst.url,
@@ -385,7 +399,7 @@ impl RedlockBackend {
         };
         // Connect now; a minority may be down and join later.
         let answers = backend
-            .on_all(Duration::from_secs(5), |_, _| async { Ok(()) })
+            .on_all(Duration::from_secs(5), Skip::Never, |_, _| async { Ok(()) })
             .await;
         let up = answers
             .iter()
@@ -421,7 +435,9 @@ impl RedlockBackend {
     /// A connection error if no instance could be reached.
     pub async fn force_release(&self, key: &Key) -> Result<()> {
         let answers = self
-            .on_all(self.timeout_for(None), |_, n| n.force_release(key))
+            .on_all(self.timeout_for(None), Skip::Never, |_, n| {
+                n.force_release(key)
+            })
             .await;
         if answers.iter().any(|a| matches!(a, Answer::Ok(()))) {
             Ok(())
@@ -439,8 +455,9 @@ impl RedlockBackend {
     }
 
     /// Runs `f(index, node)` on every instance in parallel, each bounded by
-    /// `timeout`; an instance that failed within [`DOWN_FOR`] is skipped.
-    async fn on_all<'a, T, F, Fut>(&'a self, timeout: Duration, f: F) -> Vec<Answer<T>>
+    /// `timeout`; with [`Skip::Down`] an instance that failed within
+    /// [`DOWN_FOR`] is skipped.
+    async fn on_all<'a, T, F, Fut>(&'a self, timeout: Duration, skip: Skip, f: F) -> Vec<Answer<T>>
     where
         F: Fn(usize, &'a Node) -> Fut,
         Fut: Future<Output = Result<T>> + 'a,
@@ -448,7 +465,8 @@ impl RedlockBackend {
         let f = &f;
         let inner = &*self.inner;
         join_all(
-            (0..inner.instances.len()).map(|i| inner.run_on(i, timeout, move |node| f(i, node))),
+            (0..inner.instances.len())
+                .map(|i| inner.run_on(i, timeout, skip, move |node| f(i, node))),
         )
         .await
     }
@@ -466,11 +484,15 @@ impl RedlockBackend {
     ) -> Vec<Option<Answer<OpAnswer>>> {
         use futures::stream::{FuturesUnordered, StreamExt};
         let n = self.inner.instances.len();
+        let skip = match op {
+            Call::Acquire(..) => Skip::Down,
+            Call::Release(..) => Skip::Never,
+        };
         let op = Arc::new(op);
         let mut calls: FuturesUnordered<_> = (0..n)
             .map(|i| {
                 let (inner, op) = (self.inner.clone(), op.clone());
-                async move { (i, inner.run_on(i, timeout, |node| op.run(node)).await) }
+                async move { (i, inner.run_on(i, timeout, skip, |node| op.run(node)).await) }
             })
             .collect();
         let mut out: Vec<Option<Answer<OpAnswer>>> = (0..n).map(|_| None).collect();
@@ -554,7 +576,7 @@ impl RedlockBackend {
             return Some(token);
         }
         let raised = self
-            .on_all(timeout, |_, n| {
+            .on_all(timeout, Skip::Down, |_, n| {
                 n.raise_fence(&req.key, req.owner.as_str(), token)
             })
             .await;
@@ -573,7 +595,7 @@ impl RedlockBackend {
             return;
         }
         let _ = self
-            .on_all(timeout, |i, n| async move {
+            .on_all(timeout, Skip::Never, |i, n| async move {
                 if on.contains(&i) {
                     n.undo(key, owner, op).await.map(|_| ())
                 } else {
@@ -679,7 +701,9 @@ impl RedlockBackend {
         next: Option<&Request>,
     ) -> Result<(Released, Option<Grant>)> {
         let start = Instant::now();
-        let timeout = self.timeout_for(Some(lease.ttl));
+        // A handoff must settle within the next holder's validity too.
+        let ttl = next.map_or(lease.ttl, |n| n.ttl.min(lease.ttl));
+        let timeout = self.timeout_for(Some(ttl));
         let proposal = if next.is_some() { self.propose() } else { 0 };
         let op = self.inner.ops.next();
         let call = Call::Release(lease.clone(), next.cloned(), proposal, op.clone());
@@ -698,6 +722,13 @@ impl RedlockBackend {
             })
             .collect();
         if left.is_empty() {
+            // The handoff may have run where no answer came: undo it (a late
+            // release then lets go without handing over).
+            if let Some(next) = next {
+                let all: Vec<usize> = (0..self.inner.instances.len()).collect();
+                self.undo(&next.key, next.owner.as_str(), &op, &all, timeout)
+                    .await;
+            }
             return Err(self.no_quorum(0, answers.iter().flatten()));
         }
         let released = match left.iter().copied().max() {
@@ -753,7 +784,7 @@ impl RedlockBackend {
 
     async fn watches(&self, key: &Key) -> Vec<Watch> {
         let answers = self
-            .on_all(self.timeout_for(None), |_, n| n.watch(key))
+            .on_all(self.timeout_for(None), Skip::Down, |_, n| n.watch(key))
             .await;
         answers
             .into_iter()
@@ -866,7 +897,9 @@ impl Backend for RedlockBackend {
             .min()
             .unwrap_or(MAX_INSTANCE_TIMEOUT);
         let answers = self
-            .on_all(self.timeout_for(Some(min_ttl)), |_, n| n.renew(leases))
+            .on_all(self.timeout_for(Some(min_ttl)), Skip::Down, |_, n| {
+                n.renew(leases)
+            })
             .await;
         let n = self.inner.instances.len();
         let mut out = Vec::with_capacity(leases.len());
@@ -913,7 +946,7 @@ impl Backend for RedlockBackend {
 
     async fn inspect(&self, key: &Key) -> Result<Option<LockInfo>> {
         let answers = self
-            .on_all(self.timeout_for(None), |_, n| n.inspect(key))
+            .on_all(self.timeout_for(None), Skip::Down, |_, n| n.inspect(key))
             .await;
         let infos: Vec<LockInfo> = answers
             .into_iter()
@@ -960,7 +993,9 @@ impl Backend for RedlockBackend {
 
     async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
         let answers = self
-            .on_all(self.timeout_for(None), |_, n| n.keys_under(prefix))
+            .on_all(self.timeout_for(None), Skip::Down, |_, n| {
+                n.keys_under(prefix)
+            })
             .await;
         let mut keys: Vec<String> = answers
             .into_iter()

@@ -6,8 +6,8 @@
 //!
 //! | key | type | content |
 //! |---|---|---|
-//! | `P{k}` | string | an exclusive hold: `"<owner>\t<holds>\t<token>\t<op>"`, expiring with the key (`PX`) |
-//! | `P{k}` | hash | shared or semaphore holds: `\tm` → mode; `<owner>` → `"<holds> <token> <op>"` |
+//! | `P{k}` | string | an exclusive hold: `"<owner>\t<holds>\t<token>\t<claims>"`, expiring with the key (`PX`) |
+//! | `P{k}` | hash | shared or semaphore holds: `\tm` → mode; `<owner>` → `"<holds> <token> <claims>"` |
 //! | `P{k}:exp` | sorted set | shared and semaphore holders: `<owner>` → expiry (server ms), so they expire one by one |
 //! | `P{k}:fence` | string | the last token; never expires |
 //! | `P{k}:q` | sorted set | exclusive waiters in line: `<owner>` → arrival (server µs) |
@@ -26,16 +26,20 @@
 //! itself. So every call carries an operation id `<op>`, unique per call, and
 //! every script gives the same answer and the same effect when it runs again:
 //!
-//! - a hold records the op that created it, so a second run of that acquire
-//!   finds "its own" hold and returns it unchanged (`mine` = 1);
+//! - a hold records its *claims*: the ops that got it as their grant (the
+//!   acquire or handoff that created it, and any later repeat of the same
+//!   request that found it), so a second run of one of them returns it
+//!   unchanged (`mine` = 1);
 //! - a reentrant acquire that adds a hold, and every release, store their
 //!   answer under `P{k}:op:<op>` (`a …` / `r …`); a second run returns it;
-//! - an acquire given up by its caller (cancelled, or undone by Redlock) is
-//!   undone by `UNDO`: it takes back exactly what that op granted — the hold it
-//!   created or the hold it added — never a hold that came another way (a
-//!   handoff, an earlier request), and marks the op `x`, so that the acquire,
-//!   should it arrive after its undo, grants nothing, and a release, hands
-//!   nothing over.
+//! - an op given up by its caller (a cancelled acquire, a Redlock round or a
+//!   handoff that fell short, a grant the replicas did not acknowledge) is
+//!   undone by `UNDO`: it takes back the hold that op added, or drops the op's
+//!   claim and takes the hold back only when no other op claims it — so the
+//!   undo of a handoff never takes a hold the waiter's own request already
+//!   counted as its grant, nor the other way round — and marks the op `x`, so
+//!   that the acquire, should it arrive after its undo, grants nothing, and a
+//!   release, hands nothing over.
 //!
 //! The marks live for four response timeouts (20 s by default), far longer than
 //! a request can be in flight on a connection the client still uses.
@@ -209,6 +213,21 @@ local function shared(v)
   local holds, token, op = string.match(v, '^(%d+) (%d+) ?(%S*)$')
   return holds, token, op
 end
+-- Claims: the ops that got a hold as their grant, comma-separated.
+local function claimed(claims, op)
+  return string.find(',' .. claims .. ',', ',' .. op .. ',', 1, true) ~= nil
+end
+local function unclaim(claims, op)
+  local left = {}
+  for c in string.gmatch(claims, '[^,]+') do
+    if c ~= op then left[#left + 1] = c end
+  end
+  return table.concat(left, ',')
+end
+local function claim(claims, op)
+  if claims == '' then return op end
+  return claims .. ',' .. op
+end
 local function unqueue(Q, QE, who)
   if redis.call('ZREM', Q, who) == 1 then redis.call('ZREM', QE, who) end
 end
@@ -265,16 +284,19 @@ local function granted(token)
   if lined then unqueue(Q, QE, owner) end
   return {1, token, 1, 1, now_us}
 end
--- The owner's existing hold: a second run of this op (unchanged), a repeat
--- (unchanged) or a reentrant acquire (one hold more, its answer kept for a
--- second run). Only ever extends the expiry.
-local function existing(holds, token, hop, write)
-  if hop == op then return {1, token, tonumber(holds), 1, now_us} end
+-- The owner's existing hold: a second run of this op (unchanged), a
+-- reentrant acquire (one hold more, its answer kept for a second run) or a
+-- repeat (unchanged, but this op now claims it too, so that undoing the op
+-- that made it leaves it to this one). Only ever extends the expiry.
+local function existing(holds, token, claims, write)
+  if claimed(claims, op) then return {1, token, tonumber(holds), 1, now_us} end
   holds = tonumber(holds)
   if reentrant == '1' then
     holds = holds + 1
-    write(holds)
+    write(holds, claims)
     redis.call('SET', L, 'a ' .. token .. ' ' .. holds .. ' 0', 'PX', mark_ms)
+  else
+    write(holds, claim(claims, op))
   end
   return {1, token, holds, 0, now_us}
 end
@@ -300,8 +322,8 @@ if kind == 'string' then
   if holder ~= owner then return refuse(redis.call('PTTL', H)) end
   if mode ~= 'exclusive' then return {-1, 'exclusive'} end
   if redis.call('PTTL', H) < ttl then redis.call('PEXPIRE', H, ttl) end
-  return existing(holds, token, hop, function(n)
-    redis.call('SET', H, owner .. '\t' .. n .. '\t' .. token .. '\t' .. hop, 'KEEPTTL')
+  return existing(holds, token, hop, function(n, claims)
+    redis.call('SET', H, owner .. '\t' .. n .. '\t' .. token .. '\t' .. claims, 'KEEPTTL')
   end)
 end
 -- Shared or semaphore holders, each with its own expiry.
@@ -319,8 +341,8 @@ if mine then
   redis.call('ZADD', Z, math.max(tonumber(redis.call('ZSCORE', Z, owner) or '0'), now + ttl), owner)
   keep_alive(H, Z)
   local holds, token, hop = shared(mine)
-  return existing(holds, token, hop, function(n)
-    redis.call('HSET', H, owner, n .. ' ' .. token .. ' ' .. hop)
+  return existing(holds, token, hop, function(n, claims)
+    redis.call('HSET', H, owner, n .. ' ' .. token .. ' ' .. claims)
   end)
 end
 local ok = (mode == 'shared' and held == 'shared')
@@ -452,8 +474,9 @@ return {-1, 0}
 ///
 /// Undoes acquire op `op` of `owner`, or the handoff of release op `op` to
 /// `owner`: takes back the one hold that op created or added (releasing the
-/// lock if it was the last), nothing else, and marks the op undone so that it
-/// grants nothing should it run later. Returns 1 if a hold was taken back.
+/// lock if it was the last) once no other op claims it, nothing else, and
+/// marks the op undone so that it grants nothing should it run later. Returns
+/// 1 if a hold was taken back.
 pub(crate) static UNDO: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(concat!(
         prologue!(),
@@ -463,16 +486,24 @@ local owner, channel, mark_ms, op = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local mark = redis.call('GET', L)
 if mark == 'x' then return 0 end
 redis.call('SET', L, 'x', 'PX', mark_ms)
--- Added a hold to an existing one (a reentrant acquire), or created it.
+-- The op added a hold to an existing one (a reentrant acquire): take that
+-- one back. Or it claims the hold (created it, or found it as its grant):
+-- drop its claim, and take the hold back when no other op claims it.
 local added = mark ~= false and string.sub(mark, 1, 2) == 'a '
 local kind = redis.call('TYPE', H)['ok']
 if kind == 'string' then
-  local holder, holds, token, hop = exclusive(redis.call('GET', H))
-  if holder ~= owner or not (added or hop == op) then return 0 end
+  local holder, holds, token, claims = exclusive(redis.call('GET', H))
+  if holder ~= owner or not (added or claimed(claims, op)) then return 0 end
+  if not added then
+    claims = unclaim(claims, op)
+    if claims ~= '' then
+      redis.call('SET', H, owner .. '\t' .. holds .. '\t' .. token .. '\t' .. claims, 'KEEPTTL')
+      return 0
+    end
+  end
   holds = tonumber(holds) - 1
   if holds > 0 then
-    if hop == op then hop = '' end
-    redis.call('SET', H, owner .. '\t' .. holds .. '\t' .. token .. '\t' .. hop, 'KEEPTTL')
+    redis.call('SET', H, owner .. '\t' .. holds .. '\t' .. token .. '\t' .. claims, 'KEEPTTL')
   else
     redis.call('DEL', H)
     redis.call('PUBLISH', channel, 'free')
@@ -481,12 +512,18 @@ if kind == 'string' then
 elseif kind == 'hash' then
   local mine = redis.call('HGET', H, owner)
   if not mine then return 0 end
-  local holds, token, hop = shared(mine)
-  if not (added or hop == op) then return 0 end
+  local holds, token, claims = shared(mine)
+  if not (added or claimed(claims, op)) then return 0 end
+  if not added then
+    claims = unclaim(claims, op)
+    if claims ~= '' then
+      redis.call('HSET', H, owner, holds .. ' ' .. token .. ' ' .. claims)
+      return 0
+    end
+  end
   holds = tonumber(holds) - 1
   if holds > 0 then
-    if hop == op then hop = '' end
-    redis.call('HSET', H, owner, holds .. ' ' .. token .. ' ' .. hop)
+    redis.call('HSET', H, owner, holds .. ' ' .. token .. ' ' .. claims)
     return 1
   end
   redis.call('HDEL', H, owner)
@@ -540,10 +577,12 @@ return {now, redis.call('GET', KEYS[3]) or '', kind, holders,
     )
 });
 
-/// KEYS: H, Z. ARGV: channel. Deletes every hold (the fence stays) and wakes waiters.
+/// KEYS: H, Z, the op's mark. ARGV: channel, mark_ms. Deletes every hold (the
+/// fence stays) and wakes waiters; a second run of the op does nothing.
 pub(crate) static FORCE_RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
+if redis.call('SET', KEYS[3], 'r', 'NX', 'PX', ARGV[2]) == false then return 0 end
 local n = redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('PUBLISH', ARGV[1], 'free')
 return n
@@ -551,15 +590,26 @@ return n
     )
 });
 
-/// KEYS: resource hash. ARGV: token, value. Writes `value` and records `token`
-/// unless the resource has seen a larger token. Returns 1 written, 0 rejected.
+/// KEYS: resource hash, the op's mark (or none). ARGV: token, value, mark_ms.
+/// Writes `value` and records `token` unless the resource has seen a larger
+/// token. Returns 1 written, 0 rejected; a second run of the op returns the
+/// first's answer and writes nothing.
 pub(crate) static FENCED_SET: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
+if KEYS[2] then
+  local done = redis.call('GET', KEYS[2])
+  if done then return tonumber(done) end
+end
 local seen = redis.call('HGET', KEYS[1], 'token')
-if seen and tonumber(seen) > tonumber(ARGV[1]) then return 0 end
-redis.call('HSET', KEYS[1], 'token', ARGV[1], 'value', ARGV[2])
-return 1
+local ok = 1
+if seen and tonumber(seen) > tonumber(ARGV[1]) then
+  ok = 0
+else
+  redis.call('HSET', KEYS[1], 'token', ARGV[1], 'value', ARGV[2])
+end
+if KEYS[2] then redis.call('SET', KEYS[2], ok, 'PX', ARGV[3]) end
+return ok
 ",
     )
 });

@@ -179,3 +179,50 @@ async fn a_stalled_primary_loses_only_its_own_leases() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_force_release_sent_again_after_a_lost_reply_spares_the_next_owner() {
+    let cluster = PrivateCluster::start().await;
+    let admin = RedisBackend::connect(&cluster.url("")).await.unwrap();
+    let key = "forced";
+    let node = cluster.node_of(&format!("fencelock:{{{key}}}")).await;
+    let port = cluster.ports[node];
+    // Other processes reach the node on another path (straight to its port).
+    let b = RedisBackend::connect(&format!("redis://127.0.0.1:{port}"))
+        .await
+        .unwrap();
+    let req = |owner: &str| {
+        Request::new(
+            Key::new(key).unwrap(),
+            Owner::new(owner).unwrap(),
+            Mode::Exclusive,
+            Duration::from_secs(60),
+        )
+        .with_reentrant(false)
+    };
+    b.try_acquire(&req("stuck")).await.unwrap().unwrap();
+    admin.inspect(&Key::new(key).unwrap()).await.unwrap();
+    cluster.proxies[node].drop_replies();
+    let forcing = tokio::spawn({
+        let admin = admin.clone();
+        async move { admin.force_release(&Key::new(key).unwrap()).await }
+    });
+    until_holds(port, key, "stuck", None, "the force_release").await;
+    // The next owner takes the lock; then the operator's request is sent again.
+    b.try_acquire(&req("next-owner"))
+        .await
+        .unwrap()
+        .expect("free after force_release");
+    cluster.proxies[node].cut();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    cluster.proxies[node].restore();
+    tokio::time::timeout(Duration::from_secs(30), forcing)
+        .await
+        .expect("force_release never finished")
+        .unwrap()
+        .unwrap();
+    assert!(
+        b.try_acquire(&req("third")).await.unwrap().is_none(),
+        "a force_release sent again deleted the next owner's hold"
+    );
+}

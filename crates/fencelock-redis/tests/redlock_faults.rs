@@ -542,3 +542,118 @@ async fn a_redlock_acquire_dropped_in_flight_leaves_no_hold() {
     }
     g.release().await.unwrap();
 }
+
+/// Who holds `key` on each of `ports`.
+async fn holders(ports: &[u16], key: &str) -> Vec<Option<String>> {
+    let mut out = Vec::new();
+    for p in ports {
+        out.push(holder_on(*p, key).await);
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_that_gave_up_on_slow_instances_is_undone_there() {
+    let five = Five::start();
+    let px = proxies(&five).await;
+    let backend = RedlockBackend::connect(&url_through(&px[..3], "?instance_timeout=100ms"))
+        .await
+        .unwrap();
+    let warm = Locker::new(backend.clone());
+    warm.lock("warm-up")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    // Every request takes 600 ms there and back; the instance timeout is 100 ms.
+    for p in &px {
+        p.set_latency(Duration::from_millis(300));
+    }
+    let req = Request::new(
+        Key::new("k").unwrap(),
+        Owner::new("gave-up").unwrap(),
+        Mode::Exclusive,
+        Duration::from_secs(60),
+    )
+    .with_reentrant(false);
+    let got = backend
+        .acquire(
+            &req,
+            Some(tokio::time::Instant::now() + Duration::from_millis(400)),
+        )
+        .await;
+    assert!(!matches!(got, Ok(Some(_))), "granted through a slow link");
+    for p in &px {
+        p.set_latency(Duration::ZERO);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let direct = Locker::new(
+        RedlockBackend::connect(&format!(
+            "redlock://127.0.0.1:{},127.0.0.1:{},127.0.0.1:{}",
+            five.ports[0], five.ports[1], five.ports[2]
+        ))
+        .await
+        .unwrap(),
+    );
+    let on = holders(&five.ports[..3], "k").await;
+    let g = direct
+        .lock("k")
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await;
+    assert!(
+        g.is_ok(),
+        "the acquire that gave up left holds {on:?} (TTL 60 s)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_cancelled_while_instances_are_slow_leaves_no_hold() {
+    let five = Five::start();
+    let px = proxies(&five).await;
+    let slow = Locker::new(
+        RedlockBackend::connect(&url_through(&px[..3], "?instance_timeout=100ms"))
+            .await
+            .unwrap(),
+    );
+    slow.lock("warm-up")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    for p in &px {
+        p.set_latency(Duration::from_millis(300));
+    }
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(250),
+        slow.lock("k").ttl(Duration::from_secs(60)).acquire(),
+    )
+    .await;
+    assert!(gave_up.is_err(), "granted through a slow link");
+    for p in &px {
+        p.set_latency(Duration::ZERO);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let on = holders(&five.ports[..3], "k").await;
+    let direct = Locker::new(
+        RedlockBackend::connect(&format!(
+            "redlock://127.0.0.1:{},127.0.0.1:{},127.0.0.1:{}",
+            five.ports[0], five.ports[1], five.ports[2]
+        ))
+        .await
+        .unwrap(),
+    );
+    let g = direct
+        .lock("k")
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await;
+    assert!(
+        g.is_ok(),
+        "the cancelled acquire left holds {on:?} (TTL 60 s)"
+    );
+}

@@ -239,3 +239,124 @@ async fn keys_with_braces_and_percent_signs_work_everywhere() {
         g1.release().await.unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undone_handoff_never_takes_the_hold_the_waiter_counted_as_its_grant() {
+    // A guard of a Locker is released while another guard of it waits. The
+    // release hands the lock over, but no replica acknowledges the handoff
+    // in time, so it is undone; meanwhile the waiter's own attempt found the
+    // handed hold and counts it as its grant once the replica is back. The
+    // undo must leave that hold alone: the waiter's guard is valid, so nobody
+    // else may be granted the key.
+    let (mport, rport) = (free_port(), free_port());
+    let _master = redis_on(mport, &[]);
+    let replica = redis_on(rport, &["--replicaof", "127.0.0.1", &mport.to_string()]);
+    let url = format!("redis://127.0.0.1:{mport}/?wait_replicas=1&wait_timeout=3s");
+    let locker = Locker::new(RedisBackend::connect(&url).await.unwrap());
+    let elsewhere = Locker::new(
+        RedisBackend::connect(&format!("redis://127.0.0.1:{mport}"))
+            .await
+            .unwrap(),
+    );
+    let start = Instant::now();
+    let first = loop {
+        match locker.lock("k").try_acquire().await {
+            Ok(Some(g)) => break g,
+            r => {
+                assert!(start.elapsed() < Duration::from_secs(20), "{r:?}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    let waiter = tokio::spawn({
+        let locker = locker.clone();
+        async move {
+            locker
+                .lock("k")
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The handoff's WAIT (3 s) sees no replica; the waiter's, which follows
+    // it, sees the replica back.
+    replica.pause().unwrap();
+    let t0 = Instant::now();
+    let released = tokio::spawn(first.release());
+    tokio::time::sleep_until((t0 + Duration::from_millis(4500)).into()).await;
+    replica.resume().unwrap();
+    let _ = released.await.unwrap();
+    let w = waiter.await.unwrap().expect("the waiter got the lock");
+    let other = elsewhere.lock("k").try_acquire().await.unwrap();
+    assert!(
+        !(other.is_some() && w.is_valid()),
+        "another owner was granted the key while the waiter's guard is valid"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_for_replicas_holds_up_no_renewal() {
+    let (mport, rport) = (free_port(), free_port());
+    let _master = redis_on(mport, &[]);
+    let replica = redis_on(rport, &["--replicaof", "127.0.0.1", &mport.to_string()]);
+    let url = format!("redis://127.0.0.1:{mport}/?wait_replicas=1&wait_timeout=3s");
+    let backend = RedisBackend::connect(&url).await.unwrap();
+    let ttl = Duration::from_secs(30);
+    let key = Key::new("held").unwrap();
+    let held = Request::new(
+        key.clone(),
+        Owner::new("holder").unwrap(),
+        Mode::Exclusive,
+        ttl,
+    );
+    let start = Instant::now();
+    let g = loop {
+        match backend.try_acquire(&held).await {
+            Ok(Some(g)) => break g,
+            r => {
+                assert!(start.elapsed() < Duration::from_secs(20), "{r:?}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    // Five grants on other keys each wait 3 s for the stalled replica.
+    replica.pause().unwrap();
+    for i in 0..5 {
+        let b = backend.clone();
+        tokio::spawn(async move {
+            let k = Key::new(format!("other-{i}")).unwrap();
+            let r = Request::new(
+                k,
+                Owner::new(format!("o{i}")).unwrap(),
+                Mode::Exclusive,
+                ttl,
+            );
+            let _ = b.try_acquire(&r).await;
+        });
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let t = Instant::now();
+    let renewed = backend.renew(&[LeaseRef::new(&held, &g)]).await;
+    let took = t.elapsed();
+    replica.resume().unwrap();
+    assert!(renewed.is_ok(), "{renewed:?}");
+    assert!(
+        took < Duration::from_secs(5),
+        "a renewal waited {took:?} behind other grants' WAITs (15 s of them)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_finds_locks_under_a_prefix_with_glob_characters() {
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let l = Locker::new(
+        RedisBackend::connect("redis://127.0.0.1:6379/?prefix=glob[1]*?:")
+            .await
+            .unwrap(),
+    );
+    let g = l.lock(format!("k{run}")).acquire().await.unwrap();
+    let listed = l.list(&format!("k{run}")).await.unwrap();
+    g.release().await.unwrap();
+    assert_eq!(listed.len(), 1, "a held lock is not listed: {listed:?}");
+}
