@@ -424,12 +424,16 @@ impl Guard {
             queues.released_plainly(&self.lease_ref.key);
             return Ok((self.shared.backend.release(&self.lease_ref).await?, false));
         };
-        match self
+        // If this is cancelled mid-way, the offer opens again (the waiter's own
+        // attempts find a hold handed meanwhile).
+        let pending = OfferInFlight(Some(offer.clone()));
+        let outcome = self
             .shared
             .backend
             .release_to(&self.lease_ref, offer.request())
-            .await
-        {
+            .await;
+        pending.disarm();
+        match outcome {
             Ok((released, grant)) => Ok((released, offer.complete(grant))),
             Err(e) => {
                 offer.complete(None);
@@ -441,6 +445,24 @@ impl Guard {
     fn stop_renewing(&self) {
         if let Some(id) = self.watchdog_id {
             self.shared.watchdog.unregister(id);
+        }
+    }
+}
+
+/// An offer taken for a handoff: opened again if the release is dropped
+/// before it completes the offer.
+struct OfferInFlight(Option<std::sync::Arc<crate::local_queue::Offer>>);
+
+impl OfferInFlight {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for OfferInFlight {
+    fn drop(&mut self) {
+        if let Some(offer) = self.0.take() {
+            offer.complete(None);
         }
     }
 }

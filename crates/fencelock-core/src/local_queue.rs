@@ -486,6 +486,8 @@ mod tests {
         armed: std::sync::atomic::AtomicBool,
         arrived: Notify,
         go: Notify,
+        /// `release_to` never answers while set.
+        stall_handoffs: std::sync::atomic::AtomicBool,
     }
 
     #[crate::async_trait]
@@ -515,6 +517,9 @@ mod tests {
             l: &LeaseRef,
             next: &Request,
         ) -> crate::Result<(crate::Released, Option<Grant>)> {
+            if self.stall_handoffs.load(Ordering::SeqCst) {
+                std::future::pending::<()>().await;
+            }
             self.inner.release_to(l, next).await
         }
     }
@@ -530,6 +535,7 @@ mod tests {
             armed: false.into(),
             arrived: Notify::new(),
             go: Notify::new(),
+            stall_handoffs: false.into(),
         });
         let locker = crate::Locker::from_arc(gated.clone());
         let first = locker.lock("k").acquire().await.unwrap();
@@ -566,5 +572,30 @@ mod tests {
         assert!(idle(&locker), "the line still counts a local holder");
         let g = locker.lock("k").try_acquire().await.unwrap();
         assert!(g.is_some(), "the handed hold was not given back");
+    }
+
+    #[tokio::test]
+    async fn a_release_dropped_during_its_handoff_opens_the_offer_again() {
+        let gated = Arc::new(Gated {
+            inner: MemoryBackend::new(),
+            armed: false.into(),
+            arrived: Notify::new(),
+            go: Notify::new(),
+            stall_handoffs: true.into(),
+        });
+        let locker = crate::Locker::from_arc(gated.clone());
+        let first = locker.lock("k").acquire().await.unwrap();
+        let mut waiter = Box::pin(locker.lock("k").acquire());
+        assert!(futures::poll!(&mut waiter).is_pending());
+        // The release takes the waiter's offer and stalls in the backend; its
+        // caller gives up.
+        let mut releasing = Box::pin(first.release());
+        assert!(futures::poll!(&mut releasing).is_pending());
+        drop(releasing);
+        let key = Key::new("k").unwrap();
+        assert!(
+            locker.shared.queues.take_offer(&key).is_some(),
+            "the waiter's offer stayed in flight: no later release can hand it the lock"
+        );
     }
 }

@@ -38,7 +38,9 @@
 //!   it is not restarted without persistence and does not fail over to a
 //!   replica that missed the grant (`wait_replicas=N` makes a grant, handoffs
 //!   included, count only once N replicas acknowledged it, which narrows that
-//!   window but does not close it: `WAIT` is not consensus); (2) the server's
+//!   window but does not close it: `WAIT` is not consensus; grants and their
+//!   `WAIT` then run on a connection of their own, so a stalled replica holds
+//!   up other grants but no renewal or release); (2) the server's
 //!   clock, which expires keys, does not jump forward; (3) it runs no faster
 //!   than the client's monotonic clock by more than the drift allowance (1 %
 //!   of the TTL + 2 ms); (4) the client machine is not suspended (see
