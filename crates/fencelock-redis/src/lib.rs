@@ -421,7 +421,7 @@ impl RedisBackend {
     ) -> Result<(Released, Option<Grant>)> {
         let requested_at = Instant::now();
         let op = self.node().op();
-        let (left, handed) = self.node().release(lease, next, 0, &op).await?;
+        let (left, handed, _) = self.node().release(lease, next, 0, &op).await?;
         if left < 0 {
             return Err(Error::NotHeld {
                 key: lease.key.to_string(),

@@ -281,8 +281,8 @@ impl Node {
     }
 
     /// Runs the release script as operation `op`: returns the holds left (-1:
-    /// not held) and, with `next`, the token of the handoff (0: none;
-    /// `proposal` floors it). A retry after a lost reply runs the same op,
+    /// not held), with `next` the token of the handoff (0: none; `proposal`
+    /// floors it), and the server's clock (µs). A retry after a lost reply runs the same op,
     /// whose kept answer it gets back, so it cannot release twice, and a
     /// release that never reached the server before reports -1 if the owner
     /// no longer holds the key.
@@ -292,7 +292,7 @@ impl Node {
         next: Option<&Request>,
         proposal: u64,
         op: &Op,
-    ) -> Result<(i64, u64)> {
+    ) -> Result<(i64, u64, u64)> {
         let k = self.keys(&lease.key);
         let mark = self.mark(&k, op);
         let (next_owner, next_ttl) = match next {

@@ -35,18 +35,18 @@
 //! `max(F_i + 1, its own clock in µs, p)` and stores that in `F_i`, where `p`
 //! is a proposal that lets the instances agree on one value: the latest clock
 //! reading an instance sent this client (every answer carries one), plus the
-//! time since it arrived, plus 1 ms — or 0 without a reading of the last
+//! time since it arrived, plus 100 ms — or 0 without a reading of the last
 //! second. **No client wall clock enters a token**: a client whose clock is
 //! off by any amount proposes nothing higher than the fastest instance's clock
-//! + 1 ms (+ its monotonic clock's error over a second).
+//! + 100 ms (+ its monotonic clock's error over a second).
 //!
 //! A grant that reached a majority `M` takes the **largest** answer as its
 //! token `t`. If every answer was the same, the instances of `M` already store
 //! `t`; otherwise `t` is written to every instance with a set-if-greater script
 //! (`RAISE_FENCE`), and a majority must acknowledge before the grant counts.
 //! Either way, after a grant with token `t`, a majority `W` holds `F ≥ t` — and
-//! in the common case (instance clocks within a millisecond of each other) that
-//! cost no extra round trip.
+//! in the common case (instance clocks within 100 ms of each other) that cost
+//! no extra round trip.
 //!
 //! A later holder's acquire majority `M'` intersects `W` (two majorities of N
 //! always share an instance), and that instance answers at least `t + 1`; the
@@ -58,11 +58,11 @@
 //! instance of `W` restarting **empty**, so that a later majority meets the
 //! earlier one only in that forgetful instance. The clock floor covers it:
 //! every answer is at least the instance's µs clock, and no token exceeds the
-//! fastest instance clock of its time by more than 1 ms. So tokens keep rising
-//! provided **instance clocks never step back, and an instance restarted empty
-//! rejoins no sooner than the largest difference between instance clocks plus
-//! 1 ms after it went down** (tested with client clocks ±5 s off: the stale
-//! holder's fenced write is rejected). Exclusion itself, as with every Redlock,
+//! fastest instance clock of its time by more than 100 ms. So tokens keep
+//! rising provided **instance clocks never step back, and an instance
+//! restarted empty rejoins no sooner than the largest difference between
+//! instance clocks plus 100 ms after it went down** (tested with client clocks
+//! ±5 s off: the stale holder's fenced write is rejected). Exclusion itself, as with every Redlock,
 //! holds only if a restarted instance stays away for a TTL, instance clocks run
 //! within the drift allowance of the client's monotonic clock, and the client
 //! machine is not suspended; the fencing token is what protects the resource
@@ -107,9 +107,11 @@ const MAX_INSTANCE_TIMEOUT: Duration = Duration::from_secs(1);
 /// A token proposal is made from an instance clock reading at most this old.
 const FRESH_READING: Duration = Duration::from_secs(1);
 
-/// How far above the instances' clocks (as last read) a proposal may be: just
-/// enough that every instance's answer equals it in the common case.
-const PROPOSAL_MARGIN: Duration = Duration::from_millis(1);
+/// How far above the instances' clocks (as last read) a proposal may be:
+/// enough that every instance's answer equals it even when replies take a
+/// while on a loaded machine (else every grant needs a write-back round trip),
+/// far below the time an instance takes to restart.
+const PROPOSAL_MARGIN: Duration = Duration::from_millis(100);
 
 /// A waiter re-tries at least this often (jittered), notifications aside.
 const RETRY_DELAY: Duration = Duration::from_millis(50);
@@ -185,7 +187,8 @@ enum Call {
 /// An instance's answer to an [`Op`].
 enum OpAnswer {
     Acquire(Attempt),
-    Release(i64, u64),
+    /// Holds left, the handed token, the instance's clock (µs).
+    Release(i64, u64, u64),
 }
 
 impl Call {
@@ -198,7 +201,7 @@ impl Call {
             Call::Release(lease, next, proposal, op) => node
                 .release(lease, next.as_ref(), *proposal, op)
                 .await
-                .map(|(left, handed)| OpAnswer::Release(left, handed)),
+                .map(|(left, handed, at)| OpAnswer::Release(left, handed, at)),
         }
     }
 }
@@ -709,15 +712,19 @@ impl RedlockBackend {
         let call = Call::Release(lease.clone(), next.cloned(), proposal, op.clone());
         // With a handoff, a majority must hand over; without, a majority must answer.
         let success: fn(&OpAnswer) -> bool = if next.is_some() {
-            |a| matches!(a, OpAnswer::Release(_, handed) if *handed > 0)
+            |a| matches!(a, OpAnswer::Release(_, handed, _) if *handed > 0)
         } else {
             |a| matches!(a, OpAnswer::Release(..))
         };
         let answers = self.on_quorum(timeout, call, success).await;
+        self.observe(answers.iter().filter_map(|a| match a {
+            Some(Answer::Ok(OpAnswer::Release(_, _, at))) => Some(*at),
+            _ => None,
+        }));
         let left: Vec<i64> = answers
             .iter()
             .filter_map(|a| match a {
-                Some(Answer::Ok(OpAnswer::Release(left, _))) => Some(*left),
+                Some(Answer::Ok(OpAnswer::Release(left, _, _))) => Some(*left),
                 _ => None,
             })
             .collect();
@@ -747,7 +754,7 @@ impl RedlockBackend {
             .iter()
             .enumerate()
             .filter_map(|(i, a)| match a {
-                Some(Answer::Ok(OpAnswer::Release(_, t))) if *t > 0 => Some((i, *t)),
+                Some(Answer::Ok(OpAnswer::Release(_, t, _))) if *t > 0 => Some((i, *t)),
                 _ => None,
             })
             .collect();
@@ -774,7 +781,7 @@ impl RedlockBackend {
         let on: Vec<usize> = answers
             .iter()
             .enumerate()
-            .filter(|(_, a)| !matches!(a, Some(Answer::Ok(OpAnswer::Release(_, 0)))))
+            .filter(|(_, a)| !matches!(a, Some(Answer::Ok(OpAnswer::Release(_, 0, _)))))
             .map(|(i, _)| i)
             .collect();
         self.undo(&next.key, next.owner.as_str(), &op, &on, timeout)

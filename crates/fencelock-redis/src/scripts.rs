@@ -399,7 +399,7 @@ return out
 /// next_owner ('' for none), next_ttl_ms, proposal (floor of the next token),
 /// op.
 ///
-/// Returns `{holds_left, handed_token}`: `holds_left` is -1 when the owner holds
+/// Returns `{holds_left, handed_token, now_us}`: `holds_left` is -1 when the owner holds
 /// nothing, else the holds left (0: let go). When an exclusive lock is let go
 /// and `next_owner` is given, the lock passes to `next_owner` in the same step
 /// (new token, created by this op, no window for anybody else) and
@@ -419,12 +419,12 @@ local owner, channel, mark_ms, next_owner, op = ARGV[1], ARGV[2], ARGV[3], ARGV[
 local mark = redis.call('GET', L)
 if mark and mark ~= 'x' then
   local left, handed = string.match(mark, '^r (%-?%d+) (%d+)$')
-  return {tonumber(left), handed}
+  return {tonumber(left), handed, now_us}
 end
 if mark == 'x' then next_owner = '' end
 local function answer(left, handed)
   redis.call('SET', L, 'r ' .. left .. ' ' .. handed, 'PX', mark_ms)
-  return {left, handed}
+  return {left, handed, now_us}
 end
 local kind = redis.call('TYPE', H)['ok']
 if kind == 'string' then
@@ -465,7 +465,7 @@ elseif kind == 'hash' then
     return answer(0, 0)
   end
 end
-return {-1, 0}
+return {-1, 0, now_us}
 "
     ))
 });
