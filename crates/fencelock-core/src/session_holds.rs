@@ -41,6 +41,33 @@ use crate::key::{Key, Owner};
 use crate::mode::Mode;
 use crate::token::FencingToken;
 
+/// When the lease of a grant on `session` counts from, for a backend whose
+/// TTL is the session's idle timeout (`idle_session_timeout`, `wait_timeout`):
+/// that timeout starts when the granting statement ends, which may be long
+/// after it was sent at `sent` (it waited in the server). Then one more round
+/// trip (`ping`) restarts the timeout, and the lease counts from its sending;
+/// a grant answered within a tenth of the TTL counts from `sent`.
+///
+/// # Errors
+///
+/// The ping's error: the session is gone (and the lock with it).
+pub async fn lease_start<S, F>(
+    sent: Instant,
+    ttl: Duration,
+    session: &mut S,
+    ping: F,
+) -> std::result::Result<Instant, String>
+where
+    F: AsyncFn(&mut S) -> std::result::Result<(), String>,
+{
+    if sent.elapsed() <= ttl / 10 {
+        return Ok(sent);
+    }
+    let again = Instant::now();
+    ping(session).await?;
+    Ok(again)
+}
+
 /// One hold and its session.
 struct Held<S> {
     key: Key,

@@ -3,17 +3,21 @@
 //! - Names: a key of at most 64 characters is its own lock name (so other
 //!   programs' `GET_LOCK('name')` exclude fencelock and vice versa); a longer
 //!   key is named by its SHA-256 in hex (64 characters, the server's limit).
-//!   Semaphore permit `i` is the lock `<name>#<i>` (hashed the same way).
+//!   Semaphore permit `i` is the lock `<key>\x1f<i>` (hashed the same way): a
+//!   key cannot contain the control character `\x1f`, so no permit's name is
+//!   another key's.
 //! - The TTL contract: the session's `wait_timeout` is the TTL (whole seconds,
 //!   rounded up — the server's unit), and the watchdog pings the session at
 //!   ttl/3, so a holder that stops (a paused process whose TCP connection stays
 //!   open) loses the lock when the server closes its idle session.
-//! - Fencing: on MariaDB (10.3+) the token is drawn from the sequence
-//!   `fencelock_fence_seq` in the statement that records the holder: a sequence
-//!   persists the end of its cached block before handing values out, so after a
-//!   crash it resumes above every token it gave, and a grant needs no flush of
-//!   its own. On MySQL (no sequences) the key's row of `fencelock_fences` is
-//!   bumped durably (`LAST_INSERT_ID(fence + 1)`).
+//! - Fencing: the token is `max(the key's last token + 1, the server's clock
+//!   in µs)`, drawn in the statement that records the holder (sessions use
+//!   UTC, so no time zone shift enters it). The last token lives in the
+//!   MEMORY table below, which a server restart empties; the clock floor keeps
+//!   tokens rising across a restart or crash as long as the server's clock
+//!   does not step back across it — so no grant waits for a flush, whatever
+//!   the server's durability settings (a sequence's cached values, by
+//!   contrast, came back below tokens already handed out after `kill -9`).
 //! - Holders (owner, connection id, token) and the permit marker live in the
 //!   MEMORY table `fencelock_getlock`: like the locks themselves they do not
 //!   survive a server restart, and writing them costs no flush.
@@ -28,7 +32,7 @@ use std::time::Duration;
 
 use fencelock_core::{
     Backoff, Error, FencingToken, Grant, HolderInfo, Key, LeaseRef, LockInfo, Mode, Released,
-    Renewal, Request, Result, SessionHolds,
+    Renewal, Request, Result, SessionHolds, lease_start,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use sqlx::{Connection, Row};
@@ -36,14 +40,12 @@ use tokio::time::Instant;
 
 use crate::db::{Db, map_err, session_gone};
 
-/// Tokens on servers without sequences (MySQL): one durable row per key.
-const FENCES: &str = r"CREATE TABLE IF NOT EXISTS fencelock_fences (
-    lock_key VARBINARY(256) NOT NULL PRIMARY KEY,
-    fence    BIGINT         NOT NULL
-) ENGINE=InnoDB";
-
-/// Tokens on MariaDB.
-const SEQUENCE: &str = "CREATE SEQUENCE IF NOT EXISTS fencelock_fence_seq CACHE 1000";
+/// A grant's token, in the statement that records the holder: the server's
+/// clock in µs (the session's time zone is UTC) for a key's first row, else
+/// the greater of that and the key's last token + 1 (kept in
+/// `fencelock_getlock`).
+const TOKEN_SQL: &str = "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)";
+const NEXT_TOKEN_SQL: &str = "fence = LAST_INSERT_ID(GREATEST(fence + 1, VALUES(fence)))";
 
 /// One row per key: the last grant's token, holder and connection, for
 /// inspection. (A MEMORY table locks whole tables: no statement that waits for
@@ -63,10 +65,10 @@ const SEMAPHORES: &str = r"CREATE TABLE IF NOT EXISTS fencelock_semaphores (
     permits  INT            NOT NULL
 ) ENGINE=InnoDB";
 
-/// Creates the tables (and the sequence where the server has sequences);
-/// returns whether tokens come from the sequence.
+/// Creates the tables; returns whether the server is MariaDB (which takes an
+/// exclusive try in one statement).
 pub(crate) async fn create_schema(db: &Db) -> Result<bool> {
-    for stmt in [FENCES, HOLDERS, SEMAPHORES] {
+    for stmt in [HOLDERS, SEMAPHORES] {
         sqlx::query(stmt)
             .execute(&db.pool)
             .await
@@ -76,21 +78,19 @@ pub(crate) async fn create_schema(db: &Db) -> Result<bool> {
         .fetch_one(&db.pool)
         .await
         .map_err(db.err())?;
-    if !version.contains("MariaDB") {
-        return Ok(false);
-    }
-    Ok(sqlx::query(SEQUENCE).execute(&db.pool).await.is_ok())
+    Ok(version.contains("MariaDB"))
 }
 
 /// The server-side expression of a lock name (binds: the name three times).
 const NAME_SQL: &str = "IF(CHAR_LENGTH(?) <= 64, ?, SHA2(?, 256))";
 
-/// The lock name of `key`, or of its permit `slot` (1…).
+/// The lock name of `key`, or of its permit `slot` (1…): `<key>\x1f<slot>`,
+/// which no key can be (keys hold no control characters).
 fn lock_name(key: &Key, slot: u32) -> String {
     if slot == 0 {
         key.as_str().to_string()
     } else {
-        format!("{}#{slot}", key.as_str())
+        format!("{}\x1f{slot}", key.as_str())
     }
 }
 
@@ -100,8 +100,8 @@ pub(crate) struct GetLock {
     options: MySqlConnectOptions,
     addr: String,
     holds: SessionHolds<MySqlConnection>,
-    /// Tokens from `fencelock_fence_seq` (MariaDB), else from `fencelock_fences`.
-    sequence: bool,
+    /// MariaDB: an exclusive try is one statement (see `try_with_token`).
+    one_statement_try: bool,
 }
 
 impl GetLock {
@@ -109,13 +109,13 @@ impl GetLock {
         options: MySqlConnectOptions,
         addr: String,
         max_idle: usize,
-        sequence: bool,
+        one_statement_try: bool,
     ) -> GetLock {
         GetLock {
             options,
             addr,
             holds: SessionHolds::new("mysql-get-lock", max_idle),
-            sequence,
+            one_statement_try,
         }
     }
 
@@ -130,14 +130,21 @@ impl GetLock {
         let (mut conn, reused) = match self.holds.take_idle() {
             Some((c, had)) if had == secs => return Ok((c, true)),
             Some((c, _)) => (c, true),
-            None => (
-                MySqlConnection::connect_with(&self.options)
+            None => {
+                let mut c = MySqlConnection::connect_with(&self.options)
                     .await
-                    .map_err(|e| self.err(e))?,
-                false,
-            ),
+                    .map_err(|e| self.err(e))?;
+                // The one-statement try's locking read of a missing marker row
+                // relies on the gap lock of REPEATABLE READ, whatever the
+                // server's default; tokens read the clock in UTC.
+                sqlx::query("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                    .execute(&mut c)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                (c, false)
+            }
         };
-        sqlx::query("SET SESSION wait_timeout = ?")
+        sqlx::query("SET SESSION wait_timeout = ?, time_zone = '+00:00'")
             .bind(secs)
             .execute(&mut conn)
             .await
@@ -203,6 +210,9 @@ impl GetLock {
             Some(t) => t,
             None => self.grant_token(&mut conn, req).await?,
         };
+        let requested_at = lease_start(requested_at, req.ttl, &mut conn, ping)
+            .await
+            .map_err(|e| Error::connection(crate::NAME, &self.addr, e))?;
         Ok(Some(self.holds.insert(
             req,
             token,
@@ -215,23 +225,10 @@ impl GetLock {
     /// Draws the token of a grant and records the holder.
     async fn grant_token(&self, conn: &mut MySqlConnection, req: &Request) -> Result<u64> {
         let key = req.key.as_str().as_bytes();
-        let fence = if self.sequence {
-            "LAST_INSERT_ID(NEXTVAL(fencelock_fence_seq))"
-        } else {
-            sqlx::query(
-                "INSERT INTO fencelock_fences (lock_key, fence) VALUES (?, LAST_INSERT_ID(1))
-                 ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1)",
-            )
-            .bind(key)
-            .execute(&mut *conn)
-            .await
-            .map_err(|e| self.err(e))?;
-            "LAST_INSERT_ID()"
-        };
         let done = sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO fencelock_getlock (lock_key, fence, holder, conn_id)
-             VALUES (?, {fence}, ?, CONNECTION_ID())
-             ON DUPLICATE KEY UPDATE fence = VALUES(fence), holder = VALUES(holder), conn_id = VALUES(conn_id)"
+             VALUES (?, LAST_INSERT_ID({TOKEN_SQL}), ?, CONNECTION_ID())
+             ON DUPLICATE KEY UPDATE {NEXT_TOKEN_SQL}, holder = VALUES(holder), conn_id = VALUES(conn_id)"
         )))
         .bind(key)
         .bind(req.owner.as_str().as_bytes())
@@ -299,7 +296,7 @@ impl GetLock {
     ) -> Result<Option<Taken>> {
         const A_DAY: f64 = 86_400.0;
         let key = &req.key;
-        if self.sequence {
+        if self.one_statement_try {
             match self.try_with_token(conn, req).await? {
                 FastTry::Granted(token) => {
                     return Ok(Some(Taken {
@@ -371,8 +368,7 @@ impl GetLock {
 
     /// MariaDB's try of an exclusive lock in one statement: `GET_LOCK` without
     /// waiting, then — if taken — the key's permit marker, and — if no
-    /// semaphore ever used the key — a token from the sequence and the
-    /// holder's record. Returns the token, or what stopped it, with the lock
+    /// semaphore ever used the key — the token and the holder's record. Returns the token, or what stopped it, with the lock
     /// not held.
     ///
     /// It never waits in `GET_LOCK`: the statement writes the MEMORY table,
@@ -387,11 +383,11 @@ impl GetLock {
         let key = req.key.as_str();
         let done = sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO fencelock_getlock (lock_key, fence, holder, conn_id)
-             SELECT ?, LAST_INSERT_ID(NEXTVAL(fencelock_fence_seq)), ?, CONNECTION_ID() FROM DUAL
+             SELECT ?, LAST_INSERT_ID({TOKEN_SQL}), ?, CONNECTION_ID() FROM DUAL
              WHERE IF(GET_LOCK({NAME_SQL}, 0) = 1,
                  (SELECT COALESCE(MAX(permits), 0) FROM fencelock_semaphores
                   WHERE lock_key = ? LOCK IN SHARE MODE), -1) = 0
-             ON DUPLICATE KEY UPDATE fence = VALUES(fence), holder = VALUES(holder), conn_id = VALUES(conn_id)"
+             ON DUPLICATE KEY UPDATE {NEXT_TOKEN_SQL}, holder = VALUES(holder), conn_id = VALUES(conn_id)"
         )))
         .bind(key.as_bytes())
         .bind(req.owner.as_str().as_bytes())
@@ -466,7 +462,7 @@ where
         "WITH RECURSIVE s(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM s WHERE i < ?)
          SELECT i, id FROM (
              SELECT i, IS_USED_LOCK(IF(CHAR_LENGTH(n) <= 64, n, SHA2(n, 256))) AS id
-             FROM (SELECT i, IF(i = 0, ?, CONCAT(?, '#', i)) AS n FROM s) names
+             FROM (SELECT i, IF(i = 0, ?, CONCAT(?, CHAR(31), i)) AS n FROM s) names
          ) used WHERE id IS NOT NULL",
     )
     .bind(i64::from(permits))

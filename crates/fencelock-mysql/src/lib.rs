@@ -111,8 +111,8 @@ impl MySqlBackend {
             .execute(&db.pool)
             .await
             .map_err(db.err())?;
-        let sequence = get_lock::create_schema(&db).await?;
-        let get_lock = GetLock::new(connect, db.addr.clone(), options.pool as usize, sequence);
+        let mariadb = get_lock::create_schema(&db).await?;
+        let get_lock = GetLock::new(connect, db.addr.clone(), options.pool as usize, mariadb);
         Ok(MySqlBackend {
             inner: Arc::new(Inner {
                 db,

@@ -116,7 +116,8 @@ async fn an_exclusive_grant_reads_the_permits_after_taking_the_lock() {
             .unwrap(),
     );
     let key = format!("order-{}", fastrand::u32(..));
-    let permit = format!("{key}#1");
+    // Permit 1's lock name (see the get_lock module docs).
+    let permit = format!("{key}\x1f1");
     let mut other = MySqlConnection::connect(URL).await.unwrap();
     assert_eq!(get_lock(&mut other, &key).await, Some(1));
     let (l, k) = (locker.clone(), key.clone());
@@ -157,4 +158,46 @@ async fn release_lock(conn: &mut MySqlConnection, name: &str) {
         .await
         .unwrap();
     assert_eq!(released, Some(1), "{name:?} was not held");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permit_names_are_no_other_keys() {
+    // Permit 1 of key `x` was once named `x#1`: the very name of key `x#1`.
+    let backend = MySqlBackend::connect(&format!("{URL}?mode=get_lock"))
+        .await
+        .unwrap();
+    let locker = Locker::new(backend.clone());
+    let key = format!("names-{}", fastrand::u32(..));
+    let other_key = format!("{key}#1");
+    let permits: Vec<_> = {
+        let mut v = Vec::new();
+        for _ in 0..2 {
+            v.push(locker.semaphore(&key, 2).acquire().await.unwrap());
+        }
+        v
+    };
+    let g = locker
+        .lock(&other_key)
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("key x#1 is busy because key x has permits");
+    // Breaking key `x` must leave key `x#1` alone.
+    backend
+        .force_release(&fencelock_core::Key::new(&key).unwrap())
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(
+        locker
+            .lock(&other_key)
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none(),
+        "force_release of {key:?} freed {other_key:?}"
+    );
+    assert!(g.is_valid());
+    g.release().await.unwrap();
+    drop(permits);
 }

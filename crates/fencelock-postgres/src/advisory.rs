@@ -13,9 +13,13 @@
 //!   whose client went away while it waited.
 //! - Fencing: at grant, in the same statement, the token is drawn from the
 //!   sequence `fencelock_advisory_fence` (one for all keys: strictly increasing
-//!   per key, not consecutive). A sequence survives a crash above every value it
-//!   handed out, and needs a WAL flush only once per 32 values — which keeps a
-//!   grant close to the cost of a bare `pg_advisory_lock`.
+//!   per key, not consecutive), floored at the server's clock in µs (and the
+//!   sequence raised to it). A sequence hands out values before the WAL that
+//!   logged them is flushed (always with `synchronous_commit=off`, and for a
+//!   statement that writes nothing else even with it on), so after a crash it
+//!   may resume below tokens already handed out; the clock floor keeps tokens
+//!   rising across a crash as long as the server's clock does not step back
+//!   across it. No grant waits for a flush.
 //! - Waiting: exclusive and shared waiters block in the server
 //!   (`pg_advisory_lock` with `lock_timeout` = the time left); semaphore
 //!   waiters, and readers refused by permit holders, poll with backoff.
@@ -30,7 +34,7 @@ use std::time::Duration;
 
 use fencelock_core::{
     Backoff, Error, FencingToken, Grant, HolderInfo, Key, LeaseRef, LockInfo, Mode, Released,
-    Renewal, Request, Result, SessionHolds,
+    Renewal, Request, Result, SessionHolds, lease_start,
 };
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{Connection, Row};
@@ -42,9 +46,7 @@ use crate::db::{Db, map_err, session_gone};
 pub(crate) const SCHEMA: &[&str] = &[
     // Keys ever locked in this mode, for `list` (written once per key).
     r"CREATE TABLE IF NOT EXISTS fencelock_advisory_keys (key text PRIMARY KEY)",
-    // Tokens. A sequence is crash-safe without a flush per value: it WAL-logs 32
-    // values ahead, and the transaction that logs them flushes at commit, so after
-    // a crash it resumes above every value it handed out.
+    // Tokens: a sequence floored at the server's clock (see the module docs).
     r"CREATE SEQUENCE IF NOT EXISTS fencelock_advisory_fence",
     // Called in the statement that took the lock: the token, the TTL contract
     // and `fl:<token>:<owner>` as the session's name for inspection.
@@ -52,7 +54,16 @@ pub(crate) const SCHEMA: &[&str] = &[
     LANGUAGE plpgsql AS $fl$
     DECLARE
         f bigint := nextval('fencelock_advisory_fence');
+        c bigint := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
     BEGIN
+        -- Floored at the server's clock in µs: a sequence hands out values
+        -- before the WAL that logged them is flushed, so after a crash it may
+        -- resume below them; the clock does not. The sequence keeps later
+        -- grants above this one whatever the clock does meanwhile.
+        IF f < c THEN
+            PERFORM setval('fencelock_advisory_fence', c);
+            f := c;
+        END IF;
         INSERT INTO fencelock_advisory_keys (key) VALUES (k) ON CONFLICT DO NOTHING;
         PERFORM set_config('idle_session_timeout', ttl_ms::text, false);
         PERFORM set_config('application_name', left('fl:' || f || ':' || o, 63), false);
@@ -277,6 +288,9 @@ impl Advisory {
                 Taken::No
             });
         };
+        let requested_at = lease_start(requested_at, req.ttl, &mut conn, ping)
+            .await
+            .map_err(|e| Error::connection(crate::NAME, &self.addr, e))?;
         let grant = self
             .holds
             .insert(req, token as u64, slot as u32, conn, requested_at);

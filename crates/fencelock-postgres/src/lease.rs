@@ -39,6 +39,10 @@ const SCHEMA: &[&str] = &[
         all_sema boolean;
         first_exp timestamptz;
     BEGIN
+        -- A grant counts once it is durable, whatever the server, database or
+        -- role sets: a grant lost in a crash would let another owner in (and
+        -- hand out its token again).
+        PERFORM set_config('synchronous_commit', 'on', true);
         INSERT INTO fencelock_locks (key, owner, mode, holds, fence, expires_at)
             VALUES (k, '', '', 0, 0, 'infinity') ON CONFLICT DO NOTHING;
         -- The fence row serializes every change of this key.
@@ -81,6 +85,9 @@ const SCHEMA: &[&str] = &[
     DECLARE
         c integer;
     BEGIN
+        -- The fence row first, as in fencelock_acquire: every function locks
+        -- a key's rows in that order, so none deadlocks with another.
+        PERFORM 1 FROM fencelock_locks l WHERE l.key = k AND l.owner = '' FOR UPDATE;
         SELECT l.holds INTO c FROM fencelock_locks l
             WHERE l.key = k AND l.owner = o AND o <> '' AND l.expires_at > now() FOR UPDATE;
         IF NOT FOUND THEN
@@ -164,8 +171,11 @@ pub(crate) async fn renew(db: &Db, leases: &[LeaseRef]) -> Result<Vec<Renewal>> 
     let owners: Vec<&str> = leases.iter().map(|l| l.owner.as_str()).collect();
     let ttls: Vec<i64> = leases.iter().map(|l| l.ttl.as_millis() as i64).collect();
     let renewed: Vec<(String, String)> = sqlx::query_as(
-        "UPDATE fencelock_locks l SET expires_at = greatest(l.expires_at, now() + u.ttl * interval '1 millisecond')
-         FROM unnest($1::text[], $2::text[], $3::bigint[]) AS u(k, o, ttl)
+        // Durable like a grant (a renewal lost in a crash would let the row
+        // expire before the holder's deadline): synchronous_commit pinned on.
+        "WITH durable AS (SELECT set_config('synchronous_commit', 'on', true))
+         UPDATE fencelock_locks l SET expires_at = greatest(l.expires_at, now() + u.ttl * interval '1 millisecond')
+         FROM unnest($1::text[], $2::text[], $3::bigint[]) AS u(k, o, ttl), durable
          WHERE l.key = u.k AND l.owner = u.o AND u.o <> '' AND l.expires_at > now()
          RETURNING l.key, l.owner",
     )

@@ -277,6 +277,7 @@ fn all_cases() -> Vec<Case> {
         reentrant_holds_count: needs_reentrant,
         reentry_after_a_stolen_hold_is_a_new_hold: needs_reentrant,
         mixed_ttl_reentrant_holds_keep_the_longest: needs_reentrant_ttl,
+        a_grant_after_a_wait_longer_than_the_ttl_is_held: needs_ttl,
         repeated_request_is_idempotent: always,
         readers_coexist_and_exclude_writers: needs_shared,
         semaphore_admits_exactly_n: needs_semaphore,
@@ -863,6 +864,39 @@ async fn reentry_after_a_stolen_hold_is_a_new_hold(cx: &Ctx) -> CaseResult {
     );
     g2.release().await?;
     let _ = g1.release().await;
+    Ok(())
+}
+
+/// A waiter that waited (in the server, or in a queue) for longer than its
+/// TTL must be valid on arrival, and stay valid while renewed: its lease
+/// counts from when the backend granted it, not from when it started to wait.
+async fn a_grant_after_a_wait_longer_than_the_ttl_is_held(cx: &Ctx) -> CaseResult {
+    let (a, b) = (cx.locker().await?, cx.locker().await?);
+    let key = cx.key("k");
+    let held = a.lock(&key).ttl(cx.ttl).acquire().await?;
+    let waiting = tokio::spawn({
+        let (b, key, ttl, wait) = (b.clone(), key.clone(), cx.ttl, cx.soon() + cx.ttl * 3);
+        async move { b.lock(&key).ttl(ttl).wait(wait).acquire().await }
+    });
+    // The holder renews for three TTLs while the other waits.
+    tokio::time::sleep(cx.ttl * 3).await;
+    ensure!(held.is_valid(), "the holder lost its renewed lease");
+    held.release().await?;
+    let g = waiting
+        .await
+        .map_err(|e| Fail(format!("the waiter panicked: {e}")))??;
+    ensure!(
+        g.is_valid(),
+        "granted after a wait of 3 × TTL, but lost on arrival: {:?}",
+        g.lease().lost_reason()
+    );
+    tokio::time::sleep(cx.ttl * 2).await;
+    ensure!(
+        g.is_valid(),
+        "granted after a long wait, then lost while renewed: {:?}",
+        g.lease().lost_reason()
+    );
+    g.release().await?;
     Ok(())
 }
 

@@ -201,16 +201,18 @@ impl Inner {
         ))
     }
 
-    /// Waits until the node `name` holds the lock (`Ok(true)`), or `deadline`
-    /// passes (`Ok(false)`).
+    /// Waits until the node `name` holds the lock, and returns when the read
+    /// that showed it so was sent (the hold's validity counts from there: the
+    /// node, and so its session, was alive then); `None` if `deadline` passed.
     async fn wait_turn(
         &self,
         lock_path: &str,
         name: &str,
         permits: u32,
         deadline: Option<Instant>,
-    ) -> Result<bool> {
+    ) -> Result<Option<Instant>> {
         loop {
+            let sent = Instant::now();
             let children = match self.client.list_children(lock_path).await {
                 Ok(c) => c,
                 Err(zk::Error::ConnectionLoss) if deadline.is_none_or(|d| Instant::now() < d) => {
@@ -229,8 +231,8 @@ impl Inner {
                 ));
             };
             let watcher = match blocker(&nodes, index, permits) {
-                None => return Ok(true),
-                Some(_) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(false),
+                None => return Ok(Some(sent)),
+                Some(_) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
                 Some(Wait::Node(n)) => match self
                     .client
                     .check_and_watch_stat(&format!("{lock_path}/{}", n.name))
@@ -242,17 +244,22 @@ impl Inner {
                     Err(zk::Error::ConnectionLoss) => continue,
                     Err(e) => return Err(self.err(e)),
                 },
-                Some(Wait::Children) => match self.client.get_and_watch_children(lock_path).await {
-                    Ok((now, _, w)) => {
-                        let nodes = sorted_nodes(&now);
-                        match nodes.iter().position(|n| n.name == name) {
-                            Some(i) if blocker(&nodes, i, permits).is_none() => return Ok(true),
-                            _ => w,
+                Some(Wait::Children) => {
+                    let sent = Instant::now();
+                    match self.client.get_and_watch_children(lock_path).await {
+                        Ok((now, _, w)) => {
+                            let nodes = sorted_nodes(&now);
+                            match nodes.iter().position(|n| n.name == name) {
+                                Some(i) if blocker(&nodes, i, permits).is_none() => {
+                                    return Ok(Some(sent));
+                                }
+                                _ => w,
+                            }
                         }
+                        Err(zk::Error::ConnectionLoss) => continue,
+                        Err(e) => return Err(self.err(e)),
                     }
-                    Err(zk::Error::ConnectionLoss) => continue,
-                    Err(e) => return Err(self.err(e)),
-                },
+                }
             };
             let until = async {
                 match deadline {
@@ -529,14 +536,13 @@ impl Backend for ZooKeeperBackend {
             inner: Some(inner.clone()),
             path: node.clone(),
         };
-        let checked_at = Instant::now();
-        if !inner
+        let Some(checked_at) = inner
             .wait_turn(&lock_path, &name, permits, deadline)
             .await?
-        {
+        else {
             pending.delete().await;
             return Ok(None);
-        }
+        };
         pending.keep();
         let ttl = inner.grant_ttl(req.ttl);
         lock(&inner.holds).insert(
@@ -550,12 +556,12 @@ impl Backend for ZooKeeperBackend {
                 renewed_until: Instant::now() + req.ttl,
             },
         );
-        // Valid from the last check that the node held (no earlier than the create).
+        // Valid from the read that showed the node holding.
         Ok(Some(Grant::new(
             Some(FencingToken::new(czxid)),
             ttl,
             1,
-            checked_at.max(requested_at),
+            checked_at,
         )))
     }
 

@@ -56,10 +56,17 @@ pub struct PrivatePostgres {
     port: u16,
     ids: (u32, u32),
     child: Option<Child>,
+    /// `-c name=value` settings of the server.
+    settings: Vec<String>,
 }
 
 impl PrivatePostgres {
     pub fn start() -> PrivatePostgres {
+        PrivatePostgres::start_with(&[])
+    }
+
+    /// A private server with extra settings (`"synchronous_commit=off"`).
+    pub fn start_with(settings: &[&str]) -> PrivatePostgres {
         let ids = postgres_ids();
         let dir = tempfile::tempdir().unwrap();
         std::os::unix::fs::chown(dir.path(), Some(ids.0), Some(ids.1)).unwrap();
@@ -84,6 +91,7 @@ impl PrivatePostgres {
             port: free_port(),
             ids,
             child: None,
+            settings: settings.iter().map(|s| s.to_string()).collect(),
         };
         pg.run();
         pg
@@ -99,6 +107,7 @@ impl PrivatePostgres {
                 "-c",
                 &format!("unix_socket_directories={dir}"),
             ])
+            .args(self.settings.iter().flat_map(|s| ["-c", s.as_str()]))
             .uid(self.ids.0)
             .gid(self.ids.1)
             .stdout(Stdio::null())
@@ -129,6 +138,55 @@ impl PrivatePostgres {
         self.stop();
         self.run();
     }
+
+    /// SIGKILLs the server and every process of it (a crash: what was not
+    /// flushed is lost), then starts it again (crash recovery).
+    pub fn crash_and_restart(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let pid = child.id();
+            // The backends first (they are the postmaster's children), then it.
+            for p in children_of(pid) {
+                let _ = send_signal(p, Signal::SIGKILL);
+            }
+            let _ = send_signal(pid, Signal::SIGKILL);
+            let _ = child.wait();
+            for p in children_of(pid) {
+                let _ = send_signal(p, Signal::SIGKILL);
+            }
+        }
+        // The killed backends must be gone before a new postmaster starts.
+        std::thread::sleep(Duration::from_millis(500));
+        self.run();
+    }
+}
+
+/// Processes whose parent is `pid`.
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for entry in dir.flatten() {
+        let Some(p) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid …; comm may hold spaces, so split after ')'.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u32>().ok());
+        if ppid == Some(pid) {
+            out.push(p);
+        }
+    }
+    out
 }
 
 fn data(dir: &Path) -> String {
