@@ -323,6 +323,15 @@ pub trait Backend: Send + Sync + 'static {
         Ok((self.release(lease).await?, None))
     }
 
+    /// A signal that holds may have ended without a renewal having said so yet
+    /// (the server closed the sessions they live in: a restart, a crash): the
+    /// value changes, and the watchdog renews every lease at once, so `lost()`
+    /// fires within a round trip instead of at the next renewal. `None` (the
+    /// default) for backends whose holds outlive their connections.
+    fn session_events(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
+
     /// Acquires, waiting until `deadline` (`None`: forever). Returns `None` when
     /// the deadline passed first.
     ///

@@ -66,5 +66,5 @@ pub use memory::MemoryBackend;
 pub use mode::Mode;
 pub use multi::{MultiGuard, MultiLockBuilder};
 pub use queue_rule::{QueueRole, QueueWait, queue_blocker};
-pub use session_holds::{LastHold, SessionHolds, lease_start};
+pub use session_holds::{LastHold, SessionHolds, SessionWatch, lease_start};
 pub use token::FencingToken;

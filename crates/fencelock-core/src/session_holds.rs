@@ -68,6 +68,27 @@ where
     Ok(again)
 }
 
+/// See [`SessionHolds::watcher`].
+#[derive(Clone, Debug)]
+pub struct SessionWatch {
+    events: std::sync::Weak<tokio::sync::watch::Sender<u64>>,
+}
+
+impl SessionWatch {
+    /// Whether the holds it watches for still exist.
+    pub fn alive(&self) -> bool {
+        self.events.strong_count() > 0
+    }
+
+    /// The server closed the watching session: the holds' sessions may have
+    /// ended too.
+    pub fn sessions_may_have_ended(&self) {
+        if let Some(events) = self.events.upgrade() {
+            events.send_modify(|n| *n += 1);
+        }
+    }
+}
+
 /// One hold and its session.
 struct Held<S> {
     key: Key,
@@ -105,6 +126,8 @@ pub struct LastHold<S> {
 /// sessions (with a backend-defined tag, e.g. the timeout set on them).
 pub struct SessionHolds<S> {
     prefix: &'static str,
+    /// Changed when the sessions may have ended (see [`SessionHolds::events`]).
+    events: Arc<tokio::sync::watch::Sender<u64>>,
     held: Mutex<HashMap<String, Arc<Held<S>>>>,
     idle: Mutex<Vec<(S, u64)>>,
     max_idle: usize,
@@ -117,10 +140,33 @@ impl<S: Send + 'static> SessionHolds<S> {
     pub fn new(prefix: &'static str, max_idle: usize) -> Self {
         SessionHolds {
             prefix,
+            events: Arc::new(tokio::sync::watch::Sender::new(0)),
             held: Mutex::new(HashMap::new()),
             idle: Mutex::new(Vec::new()),
             max_idle,
             next_id: AtomicU64::new(1),
+        }
+    }
+
+    /// The signal for [`Backend::session_events`](crate::Backend::session_events).
+    pub fn events(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.events.subscribe()
+    }
+
+    /// Says that the sessions may have ended (the backend saw the server close
+    /// a connection of its own): the watchdog pings every hold at once. Idle
+    /// sessions are dropped (they are gone too, most likely).
+    pub fn sessions_may_have_ended(&self) {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.events.send_modify(|n| *n += 1);
+    }
+
+    /// A handle for a task that watches the server (a session of its own,
+    /// waiting in a statement): it says when the server closed that session,
+    /// and knows when these holds are gone (then the task stops).
+    pub fn watcher(&self) -> SessionWatch {
+        SessionWatch {
+            events: Arc::downgrade(&self.events),
         }
     }
 

@@ -103,6 +103,7 @@ pub(crate) async fn run(
     watchdog: Arc<Watchdog>,
     mut releases: UnboundedReceiver<DropRelease>,
 ) {
+    let mut events = backend.session_events();
     loop {
         let now = Instant::now();
         let next = {
@@ -133,10 +134,33 @@ pub(crate) async fn run(
                 }
             },
             _ = watchdog.wake.notified() => {}
+            // Sessions may have ended: renew everything now.
+            gone = session_event(&mut events) => {
+                if !gone {
+                    let now = Instant::now();
+                    for e in watchdog.lock().entries.values_mut() {
+                        e.next_renew = e.next_renew.min(now);
+                    }
+                    tick(&backend, &watchdog).await;
+                }
+            }
             _ = tokio::time::sleep_until(next) => tick(&backend, &watchdog).await,
         }
     }
     tracing::trace!(backend = backend.name(), "watchdog stopped");
+}
+
+/// Resolves when the backend signals that sessions may have ended (`false`),
+/// or when its signal is gone for good (`true`; then `events` is cleared).
+async fn session_event(events: &mut Option<tokio::sync::watch::Receiver<u64>>) -> bool {
+    let Some(rx) = events.as_mut() else {
+        return std::future::pending().await;
+    };
+    if rx.changed().await.is_ok() {
+        return false;
+    }
+    *events = None;
+    true
 }
 
 async fn tick(backend: &Arc<dyn Backend>, watchdog: &Watchdog) {

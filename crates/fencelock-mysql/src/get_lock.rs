@@ -102,6 +102,8 @@ pub(crate) struct GetLock {
     holds: SessionHolds<MySqlConnection>,
     /// MariaDB: an exclusive try is one statement (see `try_with_token`).
     one_statement_try: bool,
+    /// The server watcher runs (started with the first hold).
+    watching: std::sync::atomic::AtomicBool,
 }
 
 impl GetLock {
@@ -116,6 +118,22 @@ impl GetLock {
             addr,
             holds: SessionHolds::new("mysql-get-lock", max_idle),
             one_statement_try,
+            watching: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// See [`Backend::session_events`](fencelock_core::Backend::session_events).
+    pub(crate) fn events(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.holds.events()
+    }
+
+    /// Starts the task that watches the server from a session of its own, once.
+    fn watch_server(&self) {
+        if !self
+            .watching
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            tokio::spawn(watch_server(self.options.clone(), self.holds.watcher()));
         }
     }
 
@@ -213,13 +231,9 @@ impl GetLock {
         let requested_at = lease_start(requested_at, req.ttl, &mut conn, ping)
             .await
             .map_err(|e| Error::connection(crate::NAME, &self.addr, e))?;
-        Ok(Some(self.holds.insert(
-            req,
-            token,
-            slot,
-            conn,
-            requested_at,
-        )))
+        let grant = self.holds.insert(req, token, slot, conn, requested_at);
+        self.watch_server();
+        Ok(Some(grant))
     }
 
     /// Draws the token of a grant and records the holder.
@@ -568,6 +582,41 @@ pub(crate) async fn known_keys(db: &Db, prefix: &str) -> Result<Vec<String>> {
 
 /// One round trip on a held session: it is alive (and its idle timeout
 /// restarts).
+/// Keeps a session of its own waiting in a statement: when the server ends it
+/// (a restart or crash ends every session at once), the holds' sessions are
+/// pinged at once, so their `lost()` fires before another client can be
+/// granted the lock on the restarted server — not at their next renewal.
+async fn watch_server(options: MySqlConnectOptions, watch: fencelock_core::SessionWatch) {
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+    while watch.alive() {
+        let Ok(mut conn) = MySqlConnection::connect_with(&options).await else {
+            // The server does not take sessions now: those of the holds may
+            // be gone too (the pings tell).
+            watch.sessions_may_have_ended();
+            backoff.sleep(None, None).await;
+            continue;
+        };
+        backoff.reset();
+        while watch.alive() {
+            // SLEEP answers 1 when the server interrupts it (shutting down).
+            match sqlx::query_scalar::<_, i64>("SELECT SLEEP(5)")
+                .fetch_one(&mut conn)
+                .await
+            {
+                Ok(0) => {}
+                outcome => {
+                    tracing::debug!(
+                        ?outcome,
+                        "the server interrupted the watching session; pinging every hold"
+                    );
+                    watch.sessions_may_have_ended();
+                    break;
+                }
+            }
+        }
+    }
+}
+
 async fn ping(c: &mut MySqlConnection) -> std::result::Result<(), String> {
     sqlx::query("SELECT 1")
         .execute(c)

@@ -209,6 +209,10 @@ impl Backend for MySqlBackend {
         self.inner.options.default_ttl
     }
 
+    fn session_events(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        (self.inner.options.mode == MyMode::GetLock).then(|| self.inner.get_lock.events())
+    }
+
     async fn try_acquire(&self, req: &Request) -> Result<Option<Grant>> {
         match self.inner.options.mode {
             MyMode::Lease => {

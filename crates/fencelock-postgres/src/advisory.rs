@@ -174,6 +174,8 @@ pub(crate) struct Advisory {
     options: PgConnectOptions,
     addr: String,
     holds: SessionHolds<PgConnection>,
+    /// The server watcher runs (started with the first hold).
+    watching: std::sync::atomic::AtomicBool,
 }
 
 impl Advisory {
@@ -182,6 +184,22 @@ impl Advisory {
             options: options.options([("client_connection_check_interval", "1000")]),
             addr,
             holds: SessionHolds::new("pg-advisory", max_idle),
+            watching: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// See [`Backend::session_events`](fencelock_core::Backend::session_events).
+    pub(crate) fn events(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.holds.events()
+    }
+
+    /// Starts the task that watches the server from a session of its own, once.
+    fn watch_server(&self) {
+        if !self
+            .watching
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            tokio::spawn(watch_server(self.options.clone(), self.holds.watcher()));
         }
     }
 
@@ -294,6 +312,7 @@ impl Advisory {
         let grant = self
             .holds
             .insert(req, token as u64, slot as u32, conn, requested_at);
+        self.watch_server();
         Ok(Taken::Granted(grant))
     }
 
@@ -412,6 +431,31 @@ pub(crate) async fn held_keys(db: &Db, prefix: &str) -> Result<Vec<String>> {
 
 /// One round trip on a held session: it is alive (and its idle timeout
 /// restarts).
+/// Keeps a session of its own waiting in a statement: when the server ends it
+/// (a restart or crash ends every session at once), the holds' sessions are
+/// pinged at once, so their `lost()` fires before another client can be
+/// granted the lock on the restarted server — not at their next renewal.
+async fn watch_server(options: PgConnectOptions, watch: fencelock_core::SessionWatch) {
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+    while watch.alive() {
+        let Ok(mut conn) = PgConnection::connect_with(&options).await else {
+            // The server does not take sessions now: those of the holds may
+            // be gone too (the pings tell).
+            watch.sessions_may_have_ended();
+            backoff.sleep(None, None).await;
+            continue;
+        };
+        backoff.reset();
+        while watch.alive() {
+            if let Err(e) = sqlx::query("SELECT pg_sleep(5)").execute(&mut conn).await {
+                tracing::debug!(error = %e, "the server ended the watching session; pinging every hold");
+                watch.sessions_may_have_ended();
+                break;
+            }
+        }
+    }
+}
+
 async fn ping(c: &mut PgConnection) -> std::result::Result<(), String> {
     sqlx::query("SELECT 1")
         .execute(c)

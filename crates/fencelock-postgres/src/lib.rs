@@ -222,6 +222,10 @@ impl Backend for PostgresBackend {
         self.inner.options.default_ttl
     }
 
+    fn session_events(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        (self.inner.options.mode == PgMode::Advisory).then(|| self.inner.advisory.events())
+    }
+
     async fn try_acquire(&self, req: &Request) -> Result<Option<Grant>> {
         match self.inner.options.mode {
             PgMode::Lease => {

@@ -181,7 +181,9 @@ pub async fn paused_holder_loses_its_lock_and_its_stale_write<H: FaultHarness>(h
 }
 
 /// The server restarted (by `restart`) under a session-bound hold: the guard's
-/// `lost()` fires, and after the restart the lock is free with a larger token.
+/// `lost()` fires no later than the next holder is granted on the restarted
+/// server (the end of the session is noticed, not at the next renewal), and
+/// the next token is larger.
 pub async fn restart_ends_session_holds<H, F, Fut>(h: &H, url: &str, restart: F)
 where
     H: FaultHarness,
@@ -189,27 +191,51 @@ where
     Fut: Future<Output = ()>,
 {
     let key = unique_key("restart-session");
+    // A long TTL: the next renewal is 10 s away, so only noticing the end of
+    // the session itself makes `lost()` fire before the next holder's grant.
     let g = locker(h, url)
         .await
         .lock(&key)
-        .ttl(Duration::from_secs(1))
+        .ttl(Duration::from_secs(30))
         .acquire()
         .await
         .expect("acquire");
     let before = g.token().expect("token");
+    let lost_at = tokio::spawn({
+        let lost = g.lost();
+        async move {
+            let e = lost.await;
+            (Instant::now(), e)
+        }
+    });
     restart().await;
-    let lost = tokio::time::timeout(Duration::from_secs(10), g.lost())
+    // The next holder, as soon as the server takes it.
+    let other = locker(h, url).await;
+    let start = Instant::now();
+    let g2 = loop {
+        match other.lock(&key).try_acquire().await {
+            Ok(Some(g)) => break g,
+            Ok(None) | Err(_) => {
+                assert!(
+                    start.elapsed() < Duration::from_secs(30),
+                    "the lock never came free after the restart"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let granted_at = Instant::now();
+    let (lost_at, lost) = tokio::time::timeout(Duration::from_secs(30), lost_at)
         .await
-        .expect("lost() did not fire after the server restarted");
+        .expect("lost() did not fire after the server restarted")
+        .expect("the lost() task panicked");
     assert!(matches!(lost, Error::Lost { .. }), "{lost:?}");
     assert!(!g.is_valid());
-    let g2 = locker(h, url)
-        .await
-        .lock(&key)
-        .try_acquire()
-        .await
-        .expect("try")
-        .expect("free after the restart");
+    assert!(
+        lost_at <= granted_at,
+        "the holder learned of its loss {:?} after the next holder was granted",
+        lost_at - granted_at
+    );
     assert!(
         g2.token().expect("token") > before,
         "token {:?} after {before:?}",
