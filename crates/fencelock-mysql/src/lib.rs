@@ -12,11 +12,30 @@
 //!   holder's expiry.
 //! - **get_lock** (`?mode=get_lock`): `GET_LOCK` on a session held for the
 //!   guard's life; waiters wait in the server with `GET_LOCK`'s timeout. The
-//!   session ending (server restart, `KILL`, network loss) fires `lost()`; the
-//!   session's `wait_timeout` is the TTL (whole seconds), so a paused holder
-//!   loses the lock too. Exclusive and semaphore modes (no shared form). Keys
-//!   of at most 64 characters are the lock names themselves, so other programs'
-//!   `GET_LOCK('key')` and fencelock exclude each other.
+//!   session ending fires `lost()`: a server restart or crash at once (a
+//!   session of the backend's own waits in `SLEEP` and, when the server ends
+//!   it, every hold's session is pinged), `KILL` or a network loss at the next
+//!   renewal; the session's `wait_timeout` is the TTL (whole seconds), so a
+//!   paused holder loses the lock too. Exclusive and semaphore modes (no
+//!   shared form). Keys of at most 64 characters are the lock names
+//!   themselves, so other programs' `GET_LOCK('key')` and fencelock exclude
+//!   each other.
+//!
+//! # What is guaranteed, and under which assumptions
+//!
+//! - **lease**: exclusion while a guard is valid, provided the server's clock
+//!   does not jump forward and runs within the drift allowance of the client's
+//!   monotonic clock, and provided a committed grant survives a crash: with
+//!   InnoDB's `innodb_flush_log_at_trx_commit=1` (the default). With 0 or 2 a
+//!   crash can lose the last second of grants and renewals (the holders learn
+//!   it at their next renewal; meanwhile another owner can be granted).
+//! - **get_lock**: tokens are `max(the key's last token + 1, the server's clock
+//!   in µs)`; they strictly increase per key across restarts and crashes, at
+//!   any durability setting, as long as the server's clock does not step back
+//!   across a restart. Sessions use REPEATABLE READ (the one-statement try
+//!   relies on its gap lock) and UTC, whatever the server's defaults.
+//! - A grant after a wait in `GET_LOCK` counts its lease from a round trip
+//!   after the wait, so it is valid on arrival however long it waited.
 //!
 //! The schema is created on first use (idempotently). `mariadb://` is accepted
 //! as a synonym of `mysql://`.

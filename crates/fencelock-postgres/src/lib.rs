@@ -7,20 +7,43 @@
 //!   row of `fencelock_locks` whose `expires_at` follows the server's clock; a
 //!   per-key `fence` survives release, so tokens keep rising. Acquire, release
 //!   and the watchdog's batched renew are one statement each (acquire and
-//!   release are PL/pgSQL functions serialized by the key's fence row). A
-//!   release `NOTIFY`s channel `fencelock`; waiters `LISTEN` on one connection
-//!   per backend and re-check after a bounded time, so a lost notification
-//!   costs a delay, never a hang. All modes; reentrancy; handoff to the next
-//!   waiter of the same process in the releasing statement.
+//!   release are PL/pgSQL functions serialized by the key's fence row, which
+//!   every function locks before any holder row, so none deadlocks with
+//!   another). A release `NOTIFY`s channel `fencelock`; waiters `LISTEN` on one
+//!   connection per backend and re-check after a bounded time, so a lost
+//!   notification costs a delay, never a hang. All modes; reentrancy; handoff
+//!   to the next waiter of the same process in the releasing statement.
 //! - **advisory** (`?mode=advisory`): `pg_advisory_lock` on a session held for
-//!   the guard's life; waiters block in the server. The session ending (server
-//!   restart, `pg_terminate_backend`, network loss) fires the guard's `lost()`;
-//!   the session's `idle_session_timeout` is the TTL, so a paused holder loses
-//!   the lock too. Tokens come from a crash-safe sequence drawn at grant. Lock
-//!   ids are 64-bit hashes of the keys (`hashtextextended(key, 0)`): two keys
-//!   whose hashes collide share a lock (for a million keys the chance of any
-//!   collision is about 3·10⁻⁸), as does another program that takes advisory
-//!   locks with the same ids in the same database.
+//!   the guard's life; waiters block in the server. The session ending fires
+//!   the guard's `lost()`: a server restart or crash at once (a session of the
+//!   backend's own waits in `pg_sleep` and, when the server ends it, every
+//!   hold's session is pinged), `pg_terminate_backend` or a network loss at
+//!   the next renewal. The session's `idle_session_timeout` is the TTL, so a
+//!   paused holder loses the lock too. Lock ids are 64-bit hashes of the keys
+//!   (`hashtextextended(key, 0)`): two keys whose hashes collide share a lock
+//!   (for a million keys the chance of any collision is about 3·10⁻⁸), as does
+//!   another program that takes advisory locks with the same ids in the same
+//!   database.
+//!
+//! # What is guaranteed, and under which assumptions
+//!
+//! - **lease**: exclusion while a guard is valid, provided the server's clock
+//!   (which expires rows) does not jump forward and runs no faster than the
+//!   client's monotonic clock by more than the drift allowance (1 % of the TTL
+//!   + 2 ms). Grants and renewals are durable before they are answered —
+//!   they pin `synchronous_commit=on` whatever the server, database or role
+//!   sets (a release does not: if a crash loses it, the row expires after its
+//!   TTL) — so a crash and restart keeps every hold and every token: tokens
+//!   strictly increase per key. Cost: one WAL flush per grant and renewal.
+//! - **advisory**: exclusion while a guard is valid, provided the server ends
+//!   idle sessions on time; a restart ends every hold (see above). Tokens are
+//!   drawn from a sequence floored at the server's clock in µs: they strictly
+//!   increase per key across crashes as long as the server's clock does not
+//!   step back across a crash (a sequence alone came back below tokens
+//!   already handed out after `kill -9` with `synchronous_commit=off`). No
+//!   grant waits for a flush.
+//! - A grant after a wait in the server counts its lease from a round trip
+//!   after the wait, so it is valid on arrival however long it waited.
 //!
 //! The schema is created on first use (idempotently). PostgreSQL 14 or later
 //! (`idle_session_timeout`, `client_connection_check_interval`).
