@@ -580,8 +580,6 @@ pub(crate) async fn known_keys(db: &Db, prefix: &str) -> Result<Vec<String>> {
         .collect())
 }
 
-/// One round trip on a held session: it is alive (and its idle timeout
-/// restarts).
 /// Keeps a session of its own waiting in a statement: when the server ends it
 /// (a restart or crash ends every session at once), the holds' sessions are
 /// pinged at once, so their `lost()` fires before another client can be
@@ -617,6 +615,8 @@ async fn watch_server(options: MySqlConnectOptions, watch: fencelock_core::Sessi
     }
 }
 
+/// One round trip on a held session: it is alive (and its idle timeout
+/// restarts).
 async fn ping(c: &mut MySqlConnection) -> std::result::Result<(), String> {
     sqlx::query("SELECT 1")
         .execute(c)

@@ -11,15 +11,14 @@
 //!   process whose TCP connection stays open) loses the lock when the server
 //!   ends its idle session; `client_connection_check_interval` ends a session
 //!   whose client went away while it waited.
-//! - Fencing: at grant, in the same statement, the token is drawn from the
-//!   sequence `fencelock_advisory_fence` (one for all keys: strictly increasing
-//!   per key, not consecutive), floored at the server's clock in µs (and the
-//!   sequence raised to it). A sequence hands out values before the WAL that
-//!   logged them is flushed (always with `synchronous_commit=off`, and for a
-//!   statement that writes nothing else even with it on), so after a crash it
-//!   may resume below tokens already handed out; the clock floor keeps tokens
-//!   rising across a crash as long as the server's clock does not step back
-//!   across it. No grant waits for a flush.
+//! - Fencing: at grant, in the same statement, the token is `max(the key's
+//!   last token + 1, the server's clock in µs)`; the last tokens live in the
+//!   UNLOGGED table `fencelock_advisory_fences`, which costs no WAL and which
+//!   a crash empties (as it ends every hold); the clock floor then keeps
+//!   tokens rising, as long as the server's clock does not step back across
+//!   the crash. (A sequence, the first design, handed out values before the
+//!   WAL that logged them was flushed: after `kill -9` with
+//!   `synchronous_commit=off` tokens went back.) No grant waits for a flush.
 //! - Waiting: exclusive and shared waiters block in the server
 //!   (`pg_advisory_lock` with `lock_timeout` = the time left); semaphore
 //!   waiters, and readers refused by permit holders, poll with backoff.
@@ -44,27 +43,20 @@ use crate::db::{Db, map_err, session_gone};
 
 /// Created on first use with the lease schema.
 pub(crate) const SCHEMA: &[&str] = &[
-    // Keys ever locked in this mode, for `list` (written once per key).
-    r"CREATE TABLE IF NOT EXISTS fencelock_advisory_keys (key text PRIMARY KEY)",
-    // Tokens: a sequence floored at the server's clock (see the module docs).
-    r"CREATE SEQUENCE IF NOT EXISTS fencelock_advisory_fence",
+    // Each key's last token (see the module docs); also the keys `list` and
+    // `inspect` look at. UNLOGGED: no WAL, emptied by a crash.
+    r"CREATE UNLOGGED TABLE IF NOT EXISTS fencelock_advisory_fences (key text PRIMARY KEY, fence bigint NOT NULL)",
     // Called in the statement that took the lock: the token, the TTL contract
     // and `fl:<token>:<owner>` as the session's name for inspection.
     r"CREATE OR REPLACE FUNCTION fencelock_advisory_granted(k text, o text, ttl_ms bigint) RETURNS bigint
     LANGUAGE plpgsql AS $fl$
     DECLARE
-        f bigint := nextval('fencelock_advisory_fence');
-        c bigint := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+        f bigint;
     BEGIN
-        -- Floored at the server's clock in µs: a sequence hands out values
-        -- before the WAL that logged them is flushed, so after a crash it may
-        -- resume below them; the clock does not. The sequence keeps later
-        -- grants above this one whatever the clock does meanwhile.
-        IF f < c THEN
-            PERFORM setval('fencelock_advisory_fence', c);
-            f := c;
-        END IF;
-        INSERT INTO fencelock_advisory_keys (key) VALUES (k) ON CONFLICT DO NOTHING;
+        INSERT INTO fencelock_advisory_fences AS t (key, fence)
+            VALUES (k, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)
+            ON CONFLICT (key) DO UPDATE SET fence = greatest(t.fence + 1, excluded.fence)
+            RETURNING t.fence INTO f;
         PERFORM set_config('idle_session_timeout', ttl_ms::text, false);
         PERFORM set_config('application_name', left('fl:' || f || ':' || o, 63), false);
         RETURN f;
@@ -373,7 +365,7 @@ pub(crate) async fn force_release(db: &Db, key: &Key) -> Result<()> {
 /// Holds are not counted; the last token is known only while the lock is held.
 pub(crate) async fn inspect(db: &Db, key: &Key) -> Result<Option<LockInfo>> {
     let known: Option<i32> =
-        sqlx::query_scalar("SELECT 1 FROM fencelock_advisory_keys WHERE key = $1")
+        sqlx::query_scalar("SELECT 1 FROM fencelock_advisory_fences WHERE key = $1")
             .bind(key.as_str())
             .fetch_optional(&db.pool)
             .await
@@ -419,7 +411,7 @@ pub(crate) async fn inspect(db: &Db, key: &Key) -> Result<Option<LockInfo>> {
 
 pub(crate) async fn held_keys(db: &Db, prefix: &str) -> Result<Vec<String>> {
     sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT k.key FROM fencelock_advisory_keys k
+        "SELECT k.key FROM fencelock_advisory_fences k
          WHERE starts_with(k.key, $1) AND hashtextextended(k.key, 0) IN (SELECT h.id FROM ({HOLDERS}) h)
          ORDER BY k.key"
     )))
@@ -429,8 +421,6 @@ pub(crate) async fn held_keys(db: &Db, prefix: &str) -> Result<Vec<String>> {
     .map_err(db.err())
 }
 
-/// One round trip on a held session: it is alive (and its idle timeout
-/// restarts).
 /// Keeps a session of its own waiting in a statement: when the server ends it
 /// (a restart or crash ends every session at once), the holds' sessions are
 /// pinged at once, so their `lost()` fires before another client can be
@@ -456,6 +446,8 @@ async fn watch_server(options: PgConnectOptions, watch: fencelock_core::SessionW
     }
 }
 
+/// One round trip on a held session: it is alive (and its idle timeout
+/// restarts).
 async fn ping(c: &mut PgConnection) -> std::result::Result<(), String> {
     sqlx::query("SELECT 1")
         .execute(c)

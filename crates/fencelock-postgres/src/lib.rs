@@ -30,18 +30,19 @@
 //! - **lease**: exclusion while a guard is valid, provided the server's clock
 //!   (which expires rows) does not jump forward and runs no faster than the
 //!   client's monotonic clock by more than the drift allowance (1 % of the TTL
-//!   + 2 ms). Grants and renewals are durable before they are answered —
+//!   plus 2 ms). Grants and renewals are durable before they are answered —
 //!   they pin `synchronous_commit=on` whatever the server, database or role
 //!   sets (a release does not: if a crash loses it, the row expires after its
 //!   TTL) — so a crash and restart keeps every hold and every token: tokens
 //!   strictly increase per key. Cost: one WAL flush per grant and renewal.
 //! - **advisory**: exclusion while a guard is valid, provided the server ends
 //!   idle sessions on time; a restart ends every hold (see above). Tokens are
-//!   drawn from a sequence floored at the server's clock in µs: they strictly
-//!   increase per key across crashes as long as the server's clock does not
-//!   step back across a crash (a sequence alone came back below tokens
-//!   already handed out after `kill -9` with `synchronous_commit=off`). No
-//!   grant waits for a flush.
+//!   `max(the key's last token + 1, the server's clock in µs)`, the last
+//!   tokens kept in an UNLOGGED table: they strictly increase per key across
+//!   crashes as long as the server's clock does not step back across a crash
+//!   (the sequence of the first design came back below tokens already handed
+//!   out after `kill -9` with `synchronous_commit=off`). No grant waits for a
+//!   flush.
 //! - A grant after a wait in the server counts its lease from a round trip
 //!   after the wait, so it is valid on arrival however long it waited.
 //!

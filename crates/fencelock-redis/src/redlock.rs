@@ -38,7 +38,7 @@
 //! time since it arrived, plus 100 ms — or 0 without a reading of the last
 //! second. **No client wall clock enters a token**: a client whose clock is
 //! off by any amount proposes nothing higher than the fastest instance's clock
-//! + 100 ms (+ its monotonic clock's error over a second).
+//! plus 100 ms (and its monotonic clock's error over a second).
 //!
 //! A grant that reached a majority `M` takes the **largest** answer as its
 //! token `t`. If every answer was the same, the instances of `M` already store
