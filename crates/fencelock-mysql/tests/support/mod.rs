@@ -85,6 +85,16 @@ impl PrivateMariaDb {
         self.stop();
         self.run();
     }
+
+    /// SIGKILLs the server (a crash: what was not flushed is lost) and starts
+    /// it again (crash recovery).
+    pub fn crash_and_restart(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.run();
+    }
 }
 
 impl Drop for PrivateMariaDb {
