@@ -25,13 +25,17 @@ pub enum Admission {
 ///
 /// - the same owner in the same mode re-enters;
 /// - `Shared` coexists with `Shared`; `Semaphore{n}` coexists with other
-///   semaphore holders while fewer than `n` (the requester's `n`) hold;
+///   holders of `Semaphore{n}` while fewer than `n` hold;
+/// - a key has one permit count while held: the first holder's `n` fixes it
+///   until the key is free, and a semaphore request with another count is an
+///   error (it would bound the holders by a count the others did not agree to);
 /// - anything else conflicts.
 ///
 /// # Errors
 ///
 /// [`Error::InvalidConfig`] when the owner already holds the key in another mode
-/// (waiting would deadlock on itself).
+/// (waiting would deadlock on itself), or a semaphore request's permit count
+/// is not the one the key is held with.
 ///
 /// # Examples
 ///
@@ -43,6 +47,10 @@ pub enum Admission {
 /// assert_eq!(admit("k", holders, "c", Mode::Exclusive)?, Admission::Busy);
 /// assert_eq!(admit("k", holders, "b", Mode::Shared)?, Admission::Reenter { index: 1 });
 /// assert!(admit("k", holders, "b", Mode::Exclusive).is_err());
+/// // A semaphore held with 2 permits refuses a request for 3.
+/// let sem = [("a", Mode::Semaphore { permits: 2 })];
+/// assert_eq!(admit("s", sem, "b", Mode::Semaphore { permits: 2 })?, Admission::Grant);
+/// assert!(admit("s", sem, "b", Mode::Semaphore { permits: 3 }).is_err());
 /// # Ok::<(), fencelock_core::Error>(())
 /// ```
 pub fn admit<'a, I>(key: &str, holders: I, owner: &str, mode: Mode) -> Result<Admission>
@@ -61,7 +69,12 @@ where
         if !mode.compatible_with(held) {
             busy = true;
         }
-        if matches!(held, Mode::Semaphore { .. }) {
+        if let Mode::Semaphore { permits: held_n } = held {
+            if let Mode::Semaphore { permits } = mode
+                && permits != held_n
+            {
+                return Err(Error::permits_mismatch(key, held_n, permits));
+            }
             semaphore_holders += 1;
         }
     }

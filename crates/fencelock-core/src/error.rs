@@ -115,6 +115,14 @@ impl Error {
         ))
     }
 
+    /// The refusal of a semaphore request whose permit count differs from the
+    /// one the key's holders took it with (a key has one count while held).
+    pub fn permits_mismatch(key: &str, held: impl std::fmt::Display, asked: u32) -> Self {
+        Error::InvalidConfig(format!(
+            "semaphore {key:?} is held with {held} permits; asked with {asked} (a key has one permit count while anyone holds it: use the same count everywhere, or change it only while the key is free)"
+        ))
+    }
+
     /// Builds [`Error::Backend`].
     pub fn backend(backend: &'static str, message: impl std::fmt::Display) -> Self {
         Error::Backend {

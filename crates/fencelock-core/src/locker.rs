@@ -165,6 +165,11 @@ impl Locker {
     }
 
     /// Asks for one of `permits` permits of the semaphore `key`.
+    ///
+    /// A key has one permit count while held: the first holder's `permits`
+    /// fixes it until the key is free, and a request with another count fails
+    /// at once with [`Error::InvalidConfig`] (on every backend), so no holder
+    /// is ever bounded by a count it did not ask for.
     pub fn semaphore(&self, key: impl AsRef<str>, permits: u32) -> LockBuilder {
         LockBuilder::new(self.clone(), key.as_ref(), Mode::Semaphore { permits })
     }

@@ -71,7 +71,7 @@ use etcd_client::{
 };
 use fencelock_core::{
     Backend, Capabilities, Error, FencingToken, Grant, HolderInfo, Key, LeaseRef, LockInfo, Mode,
-    Owner, Released, Renewal, Request, Result, async_trait, redact_url,
+    Owner, QueueRole, Released, Renewal, Request, Result, async_trait, redact_url,
 };
 use tokio::time::Instant;
 
@@ -793,6 +793,17 @@ impl Backend for EtcdBackend {
                 queue::value(req.mode, &req.owner),
             )
             .await?;
+        // A key has one permit count while held (the queue read is of the same
+        // transaction as the put, so of two racers one sees the other).
+        if let Some(other) = queue
+            .iter()
+            .find(|n| n.key != node && n.kind == QueueRole::Permit && n.permits != permits)
+            .filter(|_| matches!(req.mode, Mode::Semaphore { .. }))
+        {
+            let held = other.permits;
+            pending.delete().await;
+            return Err(Error::permits_mismatch(req.key.as_str(), held, permits));
+        }
         let Some((seen_at, rev)) = inner
             .wait_turn(&lock_prefix, &node, permits, deadline, queue, sent)
             .await?

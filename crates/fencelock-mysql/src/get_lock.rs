@@ -65,10 +65,21 @@ const SEMAPHORES: &str = r"CREATE TABLE IF NOT EXISTS fencelock_semaphores (
     permits  INT            NOT NULL
 ) ENGINE=InnoDB";
 
+/// Each permit holder's count, by the session that holds the permit's lock
+/// (`conn_id`): a key has one permit count while held. MEMORY, like the locks
+/// themselves: a restart forgets both.
+const PERMIT_COUNTS: &str = r"CREATE TABLE IF NOT EXISTS fencelock_permits (
+    lock_key VARBINARY(256) NOT NULL,
+    slot     INT            NOT NULL,
+    permits  INT            NOT NULL,
+    conn_id  BIGINT         NOT NULL,
+    PRIMARY KEY (lock_key, slot)
+) ENGINE=MEMORY";
+
 /// Creates the tables; returns whether the server is MariaDB (which takes an
 /// exclusive try in one statement).
 pub(crate) async fn create_schema(db: &Db) -> Result<bool> {
-    for stmt in [HOLDERS, SEMAPHORES] {
+    for stmt in [HOLDERS, SEMAPHORES, PERMIT_COUNTS] {
         sqlx::query(stmt)
             .execute(&db.pool)
             .await
@@ -287,17 +298,65 @@ impl GetLock {
             }
             // Taken first, checked second (an exclusive taker does the same two
             // steps on its own name), so of two racers at least one sees the other.
-            if users(&mut *conn, key, 0)
+            if !users(&mut *conn, key, 0)
                 .await
                 .map_err(|e| self.err(e))?
                 .is_empty()
             {
-                return Ok(Some(slot));
+                Self::let_go(conn, &name).await.map_err(|e| self.err(e))?;
+                return Ok(None);
             }
-            Self::let_go(conn, &name).await.map_err(|e| self.err(e))?;
-            return Ok(None);
+            // A key has one permit count while held: recorded first, checked
+            // second, so of two racers with different counts one sees the other.
+            if let Err(e) = self.check_count(conn, key, slot, permits).await {
+                Self::let_go(conn, &name).await.map_err(|e| self.err(e))?;
+                return Err(e);
+            }
+            return Ok(Some(slot));
         }
         Ok(None)
+    }
+
+    /// Records this permit holder's count and fails if a live holder of
+    /// another permit of `key` took it with another count.
+    async fn check_count(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &Key,
+        slot: u32,
+        permits: u32,
+    ) -> Result<()> {
+        let k = key.as_str().as_bytes();
+        sqlx::query(
+            "INSERT INTO fencelock_permits (lock_key, slot, permits, conn_id)
+             VALUES (?, ?, ?, CONNECTION_ID())
+             ON DUPLICATE KEY UPDATE permits = VALUES(permits), conn_id = VALUES(conn_id)",
+        )
+        .bind(k)
+        .bind(slot as i32)
+        .bind(permits as i32)
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| self.err(e))?;
+        let other: Option<i64> = sqlx::query_scalar(
+            "SELECT permits FROM fencelock_permits
+             WHERE lock_key = ? AND permits <> ?
+               AND IS_USED_LOCK(IF(CHAR_LENGTH(CONCAT(?, CHAR(31), slot)) <= 64,
+                   CONCAT(?, CHAR(31), slot), SHA2(CONCAT(?, CHAR(31), slot), 256))) = conn_id
+             LIMIT 1",
+        )
+        .bind(k)
+        .bind(permits as i32)
+        .bind(key.as_str())
+        .bind(key.as_str())
+        .bind(key.as_str())
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(|e| self.err(e))?;
+        match other {
+            Some(held) => Err(Error::permits_mismatch(key.as_str(), held, permits)),
+            None => Ok(()),
+        }
     }
 
     /// Takes `req.key` exclusively, waiting as `wait` says, and only while no

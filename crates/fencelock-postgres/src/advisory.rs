@@ -28,6 +28,9 @@
 //!   exclude each other through marks (`hashtextextended(key, -1)` for readers,
 //!   `-2` for permits): each side holds its own mark shared and then tries the
 //!   other's exclusively, letting go if that fails; a reader refused so polls.
+//!   A key has one permit count while held: a permit holder of `n` also holds
+//!   `hashtextextended(key, -1000 - n)` shared, and a request that finds
+//!   another count's mark held is refused with an error.
 
 use std::time::Duration;
 
@@ -115,6 +118,21 @@ pub(crate) const SCHEMA: &[&str] = &[
             RETURN;
         END IF;
         PERFORM pg_advisory_unlock(hashtextextended(k, -1));
+        -- A key has one permit count while held: each holder marks its count
+        -- (shared) and then looks for another count's mark, so of two racers
+        -- with different counts at least one sees the other.
+        PERFORM pg_advisory_lock_shared(hashtextextended(k, -1000 - permits));
+        IF EXISTS (
+            SELECT 1 FROM pg_locks l
+            WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+              AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+              AND ((l.classid::bigint << 32) | l.objid::bigint) IN (
+                  SELECT hashtextextended(k, -1000 - c) FROM generate_series(1, 1024) c WHERE c <> permits)
+        ) THEN
+            PERFORM pg_advisory_unlock_all();
+            RAISE EXCEPTION 'semaphore % is held with another permit count; asked with % permits (a key has one permit count while anyone holds it: use the same count everywhere, or change it only while the key is free)',
+                k, permits USING ERRCODE = 'FL001';
+        END IF;
         FOR i IN 0 .. permits - 1 LOOP
             s := (first + i) % permits + 1;
             IF pg_try_advisory_lock(hashtextextended(k, s)) THEN

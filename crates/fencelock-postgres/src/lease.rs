@@ -64,6 +64,15 @@ const SCHEMA: &[&str] = &[
                coalesce(bool_and(l.mode LIKE 'semaphore:%'), true), min(l.expires_at)
             INTO n, all_shared, all_sema, first_exp
             FROM fencelock_locks l WHERE l.key = k AND l.owner <> '';
+        -- A key has one permit count while held.
+        IF m LIKE 'semaphore:%' THEN
+            SELECT l.mode INTO h FROM fencelock_locks l
+                WHERE l.key = k AND l.owner <> '' AND l.mode LIKE 'semaphore:%' AND l.mode <> m LIMIT 1;
+            IF FOUND THEN
+                RAISE EXCEPTION 'semaphore % is held with % permits; asked with % (a key has one permit count while anyone holds it: use the same count everywhere, or change it only while the key is free)',
+                    k, substr(h.mode, 11), substr(m, 11) USING ERRCODE = 'FL001';
+            END IF;
+        END IF;
         IF n > 0 AND NOT ((m = 'shared' AND all_shared) OR (m LIKE 'semaphore:%' AND all_sema AND n < permits)) THEN
             RETURN QUERY SELECT false, 0::bigint, 0, greatest(0, extract(epoch FROM first_exp - now()) * 1000)::bigint;
             RETURN;

@@ -252,6 +252,11 @@ impl Node {
                 left: Duration::from_millis(int(left).unwrap_or(0).max(0) as u64),
                 server_us: num(2).unwrap_or(0).max(0) as u64,
             }),
+            (Some(-2), Some(held)) => {
+                let held = text(held).unwrap_or_default();
+                let n = held.strip_prefix("semaphore:").unwrap_or(&held).to_string();
+                Err(Error::permits_mismatch(req.key.as_str(), n, permits))
+            }
             (Some(-1), Some(held)) => Err(Error::mode_mismatch(
                 req.owner.as_str(),
                 req.key.as_str(),

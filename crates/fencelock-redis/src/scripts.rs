@@ -243,7 +243,8 @@ end
 /// Returns `{1, token, holds, mine, now_us}` granted (`mine`: 1 when this op
 /// created the hold, 0 when it found or added to an existing hold of the
 /// owner), `{0, ms_until_first_expiry, now_us}` busy (also for an op already
-/// undone), `{-1, held_mode}` when the owner holds the key in another mode.
+/// undone), `{-1, held_mode}` when the owner holds the key in another mode,
+/// `{-2, held_mode}` when a semaphore is held with another permit count.
 pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(concat!(
         prologue!(),
@@ -345,8 +346,12 @@ if mine then
     redis.call('HSET', H, owner, n .. ' ' .. token .. ' ' .. claims)
   end)
 end
+-- A key has one permit count while held.
+if string.sub(mode, 1, 10) == 'semaphore:' and string.sub(held, 1, 10) == 'semaphore:' and held ~= mode then
+  return {-2, held}
+end
 local ok = (mode == 'shared' and held == 'shared')
-  or (string.sub(mode, 1, 10) == 'semaphore:' and string.sub(held, 1, 10) == 'semaphore:' and n < permits)
+  or (string.sub(mode, 1, 10) == 'semaphore:' and held == mode and n < permits)
 if not ok then
   local first = redis.call('ZRANGE', Z, 0, 0, 'WITHSCORES')
   return refuse(tonumber(first[2]) - now)

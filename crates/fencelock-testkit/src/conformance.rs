@@ -281,6 +281,7 @@ fn all_cases() -> Vec<Case> {
         repeated_request_is_idempotent: always,
         readers_coexist_and_exclude_writers: needs_shared,
         semaphore_admits_exactly_n: needs_semaphore,
+        a_semaphore_keeps_one_permit_count_while_held: needs_semaphore,
         ttl_frees_a_leaked_guard: needs_ttl,
         watchdog_keeps_lock_past_3x_ttl: needs_ttl,
         fixed_lease_expires_and_fires_lost: needs_ttl,
@@ -737,6 +738,44 @@ async fn semaphore_admits_exactly_n(cx: &Ctx) -> CaseResult {
         extra.semaphore(&key, N).try_acquire().await?.is_some(),
         "a released permit was not available"
     );
+    Ok(())
+}
+
+/// A key has one permit count while held: the first holder's count fixes it,
+/// a request with another count is refused at once with a clear error, the
+/// same count still shares the permits, and a free key takes a new count.
+async fn a_semaphore_keeps_one_permit_count_while_held(cx: &Ctx) -> CaseResult {
+    let (a, b) = (cx.locker().await?, cx.locker().await?);
+    let key = cx.key("k");
+    let first = a.semaphore(&key, 2).acquire().await?;
+    for asked in [1, 3] {
+        match b.semaphore(&key, asked).wait(cx.soon()).acquire().await {
+            Err(Error::InvalidConfig(msg)) => ensure!(
+                msg.contains("permits"),
+                "the refusal does not say why: {msg}"
+            ),
+            Ok(g) => {
+                let _ = g.release().await;
+                return Err(Fail(format!(
+                    "a semaphore held with 2 permits granted a request for {asked}"
+                )));
+            }
+            Err(e) => {
+                return Err(Fail(format!(
+                    "a request for {asked} permits of a 2-permit semaphore: {e}"
+                )));
+            }
+        }
+    }
+    let second = b
+        .semaphore(&key, 2)
+        .try_acquire()
+        .await?
+        .ok_or_else(|| Fail("the second of 2 permits was refused".into()))?;
+    first.release().await?;
+    second.release().await?;
+    let g = b.semaphore(&key, 3).wait(cx.soon()).acquire().await?;
+    g.release().await?;
     Ok(())
 }
 

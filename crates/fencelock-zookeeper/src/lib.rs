@@ -276,6 +276,39 @@ impl Inner {
         }
     }
 
+    /// The permit count of another semaphore node of `lock_path` than `name`
+    /// that differs from `permits`, if any (read from the nodes' data,
+    /// `owner\tpermits`).
+    async fn other_count(&self, lock_path: &str, name: &str, permits: u32) -> Result<Option<u32>> {
+        let children = self
+            .client
+            .list_children(lock_path)
+            .await
+            .map_err(|e| self.err(e))?;
+        for n in sorted_nodes(&children) {
+            if n.kind != Kind::Permit || n.name == name {
+                continue;
+            }
+            let data = match self
+                .client
+                .get_data(&format!("{lock_path}/{}", n.name))
+                .await
+            {
+                Ok((data, _)) => data,
+                Err(zk::Error::NoNode) => continue,
+                Err(e) => return Err(self.err(e)),
+            };
+            let held = std::str::from_utf8(&data)
+                .ok()
+                .and_then(|d| d.rsplit_once('\t'))
+                .and_then(|(_, n)| n.parse::<u32>().ok());
+            if let Some(held) = held.filter(|h| *h != permits) {
+                return Ok(Some(held));
+            }
+        }
+        Ok(None)
+    }
+
     /// Deletes holds nobody renewed within their TTL, and retries orphans.
     async fn sweep(&self) {
         let now = Instant::now();
@@ -536,6 +569,14 @@ impl Backend for ZooKeeperBackend {
             inner: Some(inner.clone()),
             path: node.clone(),
         };
+        // A key has one permit count while held: created first, checked
+        // second, so of two racers with different counts one sees the other.
+        if kind == Kind::Permit
+            && let Some(held) = inner.other_count(&lock_path, &name, permits).await?
+        {
+            pending.delete().await;
+            return Err(Error::permits_mismatch(req.key.as_str(), held, permits));
+        }
         let Some(checked_at) = inner
             .wait_turn(&lock_path, &name, permits, deadline)
             .await?
