@@ -69,7 +69,8 @@ struct Inner {
     options: ZkOptions,
     address: String,
     holds: Mutex<HashMap<(Key, Owner), Held>>,
-    /// Nodes to delete that could not be deleted yet.
+    /// Nodes to delete that could not be deleted yet (`<lock path>/<prefix>*`:
+    /// every node with that protected prefix).
     orphans: Mutex<Vec<String>>,
     watch_events: AtomicU64,
 }
@@ -105,10 +106,16 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Deletes a queue node if the acquire that created it is dropped mid-way.
+/// The queue node of an acquire in progress, armed before its create is sent:
+/// if the acquire gives up, fails or is dropped, every node with its protected
+/// prefix (`_c_<uuid>-`) is deleted — also one whose create is still in flight
+/// (ZooKeeper answers a session's requests in order, so the cleanup's read
+/// sees it) and duplicates a retried create made. So a dropped acquire leaves
+/// no ghost holder.
 struct PendingNode {
     inner: Option<Arc<Inner>>,
-    path: String,
+    lock_path: String,
+    protected: String,
 }
 
 impl PendingNode {
@@ -116,12 +123,14 @@ impl PendingNode {
         self.inner = None;
     }
 
-    /// Deletes the node now: an acquire that gave up must not leave its
+    /// Deletes the node(s) now: an acquire that gave up must not leave its
     /// node queued in front of the same client's next try. Cancelled, it
     /// leaves the delete to `Drop`.
     async fn delete(self) {
         if let Some(inner) = &self.inner {
-            inner.delete_node(&self.path).await;
+            inner
+                .delete_protected(&self.lock_path, &self.protected)
+                .await;
         }
         self.keep();
     }
@@ -130,11 +139,14 @@ impl PendingNode {
 impl Drop for PendingNode {
     fn drop(&mut self) {
         if let Some(inner) = self.inner.take() {
-            let path = std::mem::take(&mut self.path);
+            let (lock_path, protected) = (
+                std::mem::take(&mut self.lock_path),
+                std::mem::take(&mut self.protected),
+            );
             if let Ok(h) = tokio::runtime::Handle::try_current() {
-                h.spawn(async move { inner.delete_node(&path).await });
+                h.spawn(async move { inner.delete_protected(&lock_path, &protected).await });
             } else {
-                lock(&inner.orphans).push(path);
+                lock(&inner.orphans).push(format!("{lock_path}/{protected}*"));
             }
         }
     }
@@ -157,10 +169,33 @@ impl Inner {
         }
     }
 
-    /// Creates the queue node of `req` (making the lock path if needed) and
-    /// returns its name and czxid. A lost reply is recovered by the uuid.
-    async fn create_node(&self, lock_path: &str, kind: Kind, data: &[u8]) -> Result<(String, u64)> {
-        let protected = format!("_c_{}-", uuid::Uuid::new_v4());
+    /// Deletes every child of `lock_path` whose name starts with `protected`
+    /// (the nodes of one acquire); retried by the janitor if ZooKeeper cannot
+    /// be reached now.
+    async fn delete_protected(&self, lock_path: &str, protected: &str) {
+        match self.client.list_children(lock_path).await {
+            Ok(children) => {
+                for c in children.into_iter().filter(|c| c.starts_with(protected)) {
+                    self.delete_node(&format!("{lock_path}/{c}")).await;
+                }
+            }
+            Err(zk::Error::NoNode) => {}
+            Err(_) => lock(&self.orphans).push(format!("{lock_path}/{protected}*")),
+        }
+    }
+
+    /// Creates the queue node (making the lock path if needed) with the
+    /// protected prefix `protected`, and returns its name and czxid. After a
+    /// lost reply the node is looked for by its prefix (Curator's protected
+    /// mode) before another create is sent; if a retry made two, the later
+    /// one is deleted.
+    async fn create_node(
+        &self,
+        lock_path: &str,
+        protected: &str,
+        kind: Kind,
+        data: &[u8],
+    ) -> Result<(String, u64)> {
         let path = format!("{lock_path}/{protected}{}", kind.fragment());
         let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
         for _ in 0..5 {
@@ -179,18 +214,11 @@ impl Inner {
                         .map_err(|e| self.err(e))?;
                 }
                 Err(zk::Error::ConnectionLoss) => {
-                    // The create may have happened: look for our uuid.
-                    if let Ok(children) = self.client.list_children(lock_path).await
-                        && let Some(name) = children.into_iter().find(|c| c.starts_with(&protected))
-                    {
-                        let (_, stat) = self
-                            .client
-                            .get_data(&format!("{lock_path}/{name}"))
-                            .await
-                            .map_err(|e| self.err(e))?;
-                        return Ok((name, stat.czxid as u64));
+                    // The create may have happened: look for our prefix, and
+                    // do not create again until the look succeeded.
+                    if let Some(found) = self.find_protected(lock_path, protected).await? {
+                        return Ok(found);
                     }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 Err(e) => return Err(self.err(e)),
             }
@@ -198,6 +226,52 @@ impl Inner {
         Err(Error::backend(
             NAME,
             format!("could not create a lock node under {lock_path}"),
+        ))
+    }
+
+    /// The node of `lock_path` with the prefix `protected` (the first, if a
+    /// retried create made more: the others are deleted), read until the
+    /// read succeeds (bounded).
+    async fn find_protected(
+        &self,
+        lock_path: &str,
+        protected: &str,
+    ) -> Result<Option<(String, u64)>> {
+        for _ in 0..100 {
+            match self.client.list_children(lock_path).await {
+                Ok(children) => {
+                    let mut ours: Vec<names::LockNode> = sorted_nodes(&children)
+                        .into_iter()
+                        .filter(|n| n.name.starts_with(protected))
+                        .collect();
+                    if ours.is_empty() {
+                        return Ok(None);
+                    }
+                    for extra in ours.split_off(1) {
+                        self.delete_node(&format!("{lock_path}/{}", extra.name))
+                            .await;
+                    }
+                    let name = ours.remove(0).name;
+                    let (_, stat) = self
+                        .client
+                        .get_data(&format!("{lock_path}/{name}"))
+                        .await
+                        .map_err(|e| self.err(e))?;
+                    return Ok(Some((name, stat.czxid as u64)));
+                }
+                Err(zk::Error::NoNode) => return Ok(None),
+                Err(zk::Error::ConnectionLoss) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => return Err(self.err(e)),
+            }
+        }
+        Err(Error::connection(
+            NAME,
+            &self.address,
+            format!(
+                "lost the connection while creating a lock node under {lock_path}, and could not look for it"
+            ),
         ))
     }
 
@@ -326,12 +400,19 @@ impl Inner {
         };
         let orphans = std::mem::take(&mut *lock(&self.orphans));
         for path in expired.into_iter().chain(orphans) {
-            self.delete_node(&path).await;
+            // `<lock path>/<protected prefix>*`: the nodes of one acquire.
+            match path.strip_suffix('*').and_then(|p| p.rsplit_once('/')) {
+                Some((lock_path, protected)) => self.delete_protected(lock_path, protected).await,
+                None => self.delete_node(&path).await,
+            }
         }
     }
 
+    /// A hold's TTL: at most the session timeout the server granted (which
+    /// may be below the one asked for, `maxSessionTimeout`), since the
+    /// session's end ends the hold.
     fn grant_ttl(&self, ttl: Duration) -> Duration {
-        ttl.min(self.options.session_timeout)
+        ttl.min(self.client.session_timeout())
     }
 }
 
@@ -563,12 +644,16 @@ impl Backend for ZooKeeperBackend {
             Mode::Semaphore { permits } => format!("{}\t{permits}", req.owner),
             _ => req.owner.to_string(),
         };
-        let (name, czxid) = inner.create_node(&lock_path, kind, data.as_bytes()).await?;
-        let node = format!("{lock_path}/{name}");
+        let protected = format!("_c_{}-", uuid::Uuid::new_v4());
         let pending = PendingNode {
             inner: Some(inner.clone()),
-            path: node.clone(),
+            lock_path: lock_path.clone(),
+            protected: protected.clone(),
         };
+        let (name, czxid) = inner
+            .create_node(&lock_path, &protected, kind, data.as_bytes())
+            .await?;
+        let node = format!("{lock_path}/{name}");
         // A key has one permit count while held: created first, checked
         // second, so of two racers with different counts one sees the other.
         if kind == Kind::Permit

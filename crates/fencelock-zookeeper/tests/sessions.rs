@@ -1,0 +1,129 @@
+//! ZooKeeper sessions: an acquire dropped while its create is in flight leaves
+//! no ghost holder, and a hold never outlives the session timeout the server
+//! negotiated (which may be below the one asked for).
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fencelock_core::Locker;
+use fencelock_testkit::{FaultProxy, ServerProcess, free_port};
+use fencelock_zookeeper::ZooKeeperBackend;
+
+/// A private standalone server with `maxSessionTimeout` = `max_session_ms`.
+fn private_zk(max_session_ms: u64) -> (ServerProcess, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let d = dir.path();
+    std::fs::create_dir_all(d.join("data")).unwrap();
+    let cfg = format!(
+        "tickTime=500\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\nmaxSessionTimeout={max_session_ms}\nadmin.enableServer=false\n",
+        d.join("data").display()
+    );
+    std::fs::write(d.join("zoo.cfg"), cfg).unwrap();
+    let mut cmd = Command::new("java");
+    cmd.args([
+        "-cp",
+        "/etc/zookeeper/conf_example:/usr/share/java/zookeeper.jar",
+    ])
+    .arg(format!("-Dzookeeper.log.dir={}", d.display()))
+    .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
+    .arg(d.join("zoo.cfg"))
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    let server = ServerProcess::spawn("zookeeper", cmd, port, Duration::from_secs(60)).unwrap();
+    (server, dir)
+}
+
+/// Connects, giving a server that has just started (a JVM on a busy machine)
+/// up to a minute to take sessions.
+async fn connect(url: &str) -> ZooKeeperBackend {
+    let start = Instant::now();
+    loop {
+        match ZooKeeperBackend::connect(url).await {
+            Ok(b) => return b,
+            Err(e) => assert!(start.elapsed() < Duration::from_secs(60), "{url}: {e}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_dropped_while_its_create_is_in_flight_leaves_no_ghost() {
+    let (server, _dir) = private_zk(60_000);
+    let direct = format!("zk://127.0.0.1:{}?session_timeout=20s", server.port());
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let slow_backend = connect(&format!("zk://{}?session_timeout=20s", proxy.addr())).await;
+    let slow = Locker::new(slow_backend.clone());
+    let b = Locker::new(connect(&direct).await);
+    let held = b.lock("k").acquire().await.unwrap();
+    // A's create reaches the server 2 s after it is sent; A gives up at 0.5 s.
+    proxy.set_latency(Duration::from_secs(2));
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(500),
+        slow.lock("k").wait(Duration::from_secs(30)).acquire(),
+    )
+    .await;
+    assert!(
+        gave_up.is_err(),
+        "granted while another client held the lock"
+    );
+    // The create has reached the server (at 2 s) before B lets go.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    proxy.set_latency(Duration::ZERO);
+    held.release().await.unwrap();
+    // A's session lives on (its backend is kept); its node must not block C.
+    let c = Locker::new(connect(&direct).await);
+    let g = c
+        .lock("k")
+        .wait(Duration::from_secs(20))
+        .acquire()
+        .await
+        .expect("a dropped acquire left its node queued: a ghost holder");
+    g.release().await.unwrap();
+    drop(slow_backend);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_never_outlives_the_negotiated_session_timeout() {
+    // The server grants sessions of 4 s at most; the client asks for 10 s.
+    let (server, _dir) = private_zk(4_000);
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let a = Locker::new(connect(&format!("zk://{}?session_timeout=10s", proxy.addr())).await);
+    let g = a
+        .lock("k")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    assert!(
+        g.ttl() <= Duration::from_secs(4),
+        "a hold of a 4 s session claims a TTL of {:?}",
+        g.ttl()
+    );
+    let lost_at = tokio::spawn({
+        let lost = g.lost();
+        async move {
+            lost.await;
+            Instant::now()
+        }
+    });
+    // A is cut off; its session expires on the server after 4 s.
+    proxy.blackhole();
+    let b = Locker::new(connect(&format!("zk://127.0.0.1:{}", server.port())).await);
+    let gb = b
+        .lock("k")
+        .wait(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let granted_at = Instant::now();
+    let lost_at = tokio::time::timeout(Duration::from_secs(30), lost_at)
+        .await
+        .expect("A never learned it lost the lock")
+        .unwrap();
+    assert!(
+        lost_at <= granted_at,
+        "A believed it held the lock {:?} after B was granted it",
+        lost_at - granted_at
+    );
+    gb.release().await.unwrap();
+}
