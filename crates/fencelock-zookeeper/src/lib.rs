@@ -65,7 +65,12 @@ pub struct ZooKeeperBackend {
 }
 
 struct Inner {
-    client: zk::Client,
+    /// The current session's client; replaced when the session expired.
+    client: std::sync::RwLock<zk::Client>,
+    /// How to open a new session.
+    connect: Connect,
+    /// Serializes opening a new session.
+    reconnecting: tokio::sync::Mutex<()>,
     options: ZkOptions,
     address: String,
     holds: Mutex<HashMap<(Key, Owner), Held>>,
@@ -152,7 +157,67 @@ impl Drop for PendingNode {
     }
 }
 
+/// How to open a session: kept to open a new one after the old expired.
+struct Connect {
+    cluster: String,
+    digest: Option<String>,
+    session_timeout: Duration,
+    connect_timeout: Duration,
+}
+
+impl Connect {
+    async fn open(&self, address: &str) -> Result<zk::Client> {
+        let mut connector = zk::Client::connector()
+            .with_session_timeout(self.session_timeout)
+            .with_connection_timeout(self.connect_timeout);
+        if let Some(d) = &self.digest {
+            connector = connector.with_auth("digest", d.as_bytes());
+        }
+        tokio::time::timeout(self.connect_timeout, connector.connect(&self.cluster))
+            .await
+            .map_err(|_| {
+                Error::connection(
+                    NAME,
+                    address,
+                    "no server answered within the connect timeout",
+                )
+            })?
+            .map_err(|e| zk_err(e, address))
+    }
+}
+
 impl Inner {
+    /// The current session's client.
+    fn client(&self) -> zk::Client {
+        self.client
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Opens a new session if the current one has ended (expired, closed):
+    /// the holds of the old one are gone (their renewals say so), new
+    /// acquires work again.
+    async fn ensure_session(&self) -> Result<()> {
+        let ended = |c: &zk::Client| {
+            matches!(
+                c.state(),
+                zk::SessionState::Expired | zk::SessionState::Closed | zk::SessionState::AuthFailed
+            )
+        };
+        if !ended(&self.client()) {
+            return Ok(());
+        }
+        let _one = self.reconnecting.lock().await;
+        if !ended(&self.client()) {
+            return Ok(());
+        }
+        tracing::warn!(address = %self.address, "the ZooKeeper session ended; opening a new one (its holds are lost)");
+        let fresh = self.connect.open(&self.address).await?;
+        *self.client.write().unwrap_or_else(|p| p.into_inner()) = fresh;
+        Ok(())
+    }
+
     fn err(&self, e: zk::Error) -> Error {
         zk_err(e, &self.address)
     }
@@ -163,7 +228,7 @@ impl Inner {
 
     /// Deletes `path`; a node that is already gone is fine; a failure is retried later.
     async fn delete_node(&self, path: &str) {
-        match self.client.delete(path, None).await {
+        match self.client().delete(path, None).await {
             Ok(()) | Err(zk::Error::NoNode) => {}
             Err(_) => lock(&self.orphans).push(path.to_string()),
         }
@@ -173,7 +238,7 @@ impl Inner {
     /// (the nodes of one acquire); retried by the janitor if ZooKeeper cannot
     /// be reached now.
     async fn delete_protected(&self, lock_path: &str, protected: &str) {
-        match self.client.list_children(lock_path).await {
+        match self.client().list_children(lock_path).await {
             Ok(children) => {
                 for c in children.into_iter().filter(|c| c.starts_with(protected)) {
                     self.delete_node(&format!("{lock_path}/{c}")).await;
@@ -199,7 +264,7 @@ impl Inner {
         let path = format!("{lock_path}/{protected}{}", kind.fragment());
         let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
         for _ in 0..5 {
-            match self.client.create(&path, data, &options).await {
+            match self.client().create(&path, data, &options).await {
                 Ok((stat, seq)) => {
                     return Ok((
                         format!("{protected}{}{seq}", kind.fragment()),
@@ -208,7 +273,7 @@ impl Inner {
                 }
                 Err(zk::Error::NoNode) => {
                     let dir = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
-                    self.client
+                    self.client()
                         .mkdir(lock_path, &dir)
                         .await
                         .map_err(|e| self.err(e))?;
@@ -238,7 +303,7 @@ impl Inner {
         protected: &str,
     ) -> Result<Option<(String, u64)>> {
         for _ in 0..100 {
-            match self.client.list_children(lock_path).await {
+            match self.client().list_children(lock_path).await {
                 Ok(children) => {
                     let mut ours: Vec<names::LockNode> = sorted_nodes(&children)
                         .into_iter()
@@ -253,7 +318,7 @@ impl Inner {
                     }
                     let name = ours.remove(0).name;
                     let (_, stat) = self
-                        .client
+                        .client()
                         .get_data(&format!("{lock_path}/{name}"))
                         .await
                         .map_err(|e| self.err(e))?;
@@ -287,7 +352,7 @@ impl Inner {
     ) -> Result<Option<Instant>> {
         loop {
             let sent = Instant::now();
-            let children = match self.client.list_children(lock_path).await {
+            let children = match self.client().list_children(lock_path).await {
                 Ok(c) => c,
                 Err(zk::Error::ConnectionLoss) if deadline.is_none_or(|d| Instant::now() < d) => {
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -308,7 +373,7 @@ impl Inner {
                 None => return Ok(Some(sent)),
                 Some(_) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
                 Some(Wait::Node(n)) => match self
-                    .client
+                    .client()
                     .check_and_watch_stat(&format!("{lock_path}/{}", n.name))
                     .await
                 {
@@ -320,7 +385,7 @@ impl Inner {
                 },
                 Some(Wait::Children) => {
                     let sent = Instant::now();
-                    match self.client.get_and_watch_children(lock_path).await {
+                    match self.client().get_and_watch_children(lock_path).await {
                         Ok((now, _, w)) => {
                             let nodes = sorted_nodes(&now);
                             match nodes.iter().position(|n| n.name == name) {
@@ -355,7 +420,7 @@ impl Inner {
     /// `owner\tpermits`).
     async fn other_count(&self, lock_path: &str, name: &str, permits: u32) -> Result<Option<u32>> {
         let children = self
-            .client
+            .client()
             .list_children(lock_path)
             .await
             .map_err(|e| self.err(e))?;
@@ -364,7 +429,7 @@ impl Inner {
                 continue;
             }
             let data = match self
-                .client
+                .client()
                 .get_data(&format!("{lock_path}/{}", n.name))
                 .await
             {
@@ -412,7 +477,7 @@ impl Inner {
     /// may be below the one asked for, `maxSessionTimeout`), since the
     /// session's end ends the hold.
     fn grant_ttl(&self, ttl: Duration) -> Duration {
-        ttl.min(self.client.session_timeout())
+        ttl.min(self.client().session_timeout())
     }
 }
 
@@ -427,32 +492,22 @@ impl ZooKeeperBackend {
     pub async fn connect(url: &str) -> Result<ZooKeeperBackend> {
         let parsed = options::parse_url(url)?;
         let address = redact_url(url.split('?').next().unwrap_or(url));
-        let mut connector = zk::Client::connector()
-            .with_session_timeout(parsed.options.session_timeout)
-            .with_connection_timeout(parsed.options.connect_timeout);
-        if let Some(d) = &parsed.digest {
-            connector = connector.with_auth("digest", d.as_bytes());
-        }
-        let client = tokio::time::timeout(
-            parsed.options.connect_timeout,
-            connector.connect(&parsed.cluster),
-        )
-        .await
-        .map_err(|_| {
-            Error::connection(
-                NAME,
-                &address,
-                "no server answered within the connect timeout",
-            )
-        })?
-        .map_err(|e| zk_err(e, &address))?;
+        let connect = Connect {
+            cluster: parsed.cluster,
+            digest: parsed.digest,
+            session_timeout: parsed.options.session_timeout,
+            connect_timeout: parsed.options.connect_timeout,
+        };
+        let client = connect.open(&address).await?;
         let dir = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
         client
             .mkdir(&parsed.options.prefix, &dir)
             .await
             .map_err(|e| zk_err(e, &address))?;
         let inner = Arc::new(Inner {
-            client,
+            client: std::sync::RwLock::new(client),
+            connect,
+            reconnecting: tokio::sync::Mutex::new(()),
             options: parsed.options,
             address,
             holds: Mutex::new(HashMap::new()),
@@ -483,7 +538,7 @@ impl ZooKeeperBackend {
     pub async fn queue(&self, key: &Key) -> Result<Vec<String>> {
         match self
             .inner
-            .client
+            .client()
             .list_children(&self.inner.lock_path(key))
             .await
         {
@@ -498,7 +553,7 @@ impl ZooKeeperBackend {
 
     /// The ZooKeeper session id (for tools and tests).
     pub fn session_id(&self) -> i64 {
-        self.inner.client.session_id().0
+        self.inner.client().session_id().0
     }
 
     /// Deletes every lock node of `key` (an operator breaking a lock; the
@@ -509,7 +564,7 @@ impl ZooKeeperBackend {
     /// Connection errors.
     pub async fn force_release(&self, key: &Key) -> Result<()> {
         let path = self.inner.lock_path(key);
-        let children = match self.inner.client.list_children(&path).await {
+        let children = match self.inner.client().list_children(&path).await {
             Ok(c) => c,
             Err(zk::Error::NoNode) => return Ok(()),
             Err(e) => return Err(self.inner.err(e)),
@@ -517,7 +572,7 @@ impl ZooKeeperBackend {
         for node in sorted_nodes(&children) {
             match self
                 .inner
-                .client
+                .client()
                 .delete(&format!("{path}/{}", node.name), None)
                 .await
             {
@@ -561,8 +616,8 @@ impl ZooKeeperBackend {
             }
             h.node.clone()
         };
-        let ours = match inner.client.check_stat(&node).await {
-            Ok(Some(stat)) => stat.ephemeral_owner == inner.client.session_id().0,
+        let ours = match inner.client().check_stat(&node).await {
+            Ok(Some(stat)) => stat.ephemeral_owner == inner.client().session_id().0,
             Ok(None) => false,
             Err(e) => return Err(inner.err(e)),
         };
@@ -630,6 +685,7 @@ impl Backend for ZooKeeperBackend {
     }
 
     async fn acquire(&self, req: &Request, deadline: Option<Instant>) -> Result<Option<Grant>> {
+        self.inner.ensure_session().await?;
         let requested_at = Instant::now();
         if let Some(g) = self.reenter(req, requested_at).await? {
             return Ok(Some(g));
@@ -693,7 +749,7 @@ impl Backend for ZooKeeperBackend {
 
     async fn renew(&self, leases: &[LeaseRef]) -> Result<Vec<Renewal>> {
         let inner = &self.inner;
-        match inner.client.state() {
+        match inner.client().state() {
             zk::SessionState::Expired | zk::SessionState::AuthFailed | zk::SessionState::Closed => {
                 return Ok(leases
                     .iter()
@@ -723,12 +779,13 @@ impl Backend for ZooKeeperBackend {
                 })
                 .collect()
         };
-        let mut reader = inner.client.new_multi_reader();
+        let client = inner.client();
+        let mut reader = client.new_multi_reader();
         for n in nodes.iter().flatten() {
             reader.add_get_data(n).map_err(|e| inner.err(e))?;
         }
         let mut results = reader.commit().await.map_err(|e| inner.err(e))?.into_iter();
-        let session = inner.client.session_id().0;
+        let session = inner.client().session_id().0;
         let mut out = Vec::with_capacity(leases.len());
         let mut holds = lock(&inner.holds);
         for (lease, node) in leases.iter().zip(nodes) {
@@ -777,7 +834,7 @@ impl Backend for ZooKeeperBackend {
         let mut tries = 0;
         loop {
             tries += 1;
-            match inner.client.delete(&node, None).await {
+            match inner.client().delete(&node, None).await {
                 Ok(()) => return Ok(Released::new(0)),
                 Err(zk::Error::NoNode) => {
                     return Err(Error::NotHeld {
@@ -800,7 +857,7 @@ impl Backend for ZooKeeperBackend {
     async fn inspect(&self, key: &Key) -> Result<Option<LockInfo>> {
         let inner = &self.inner;
         let path = inner.lock_path(key);
-        let children = match inner.client.list_children(&path).await {
+        let children = match inner.client().list_children(&path).await {
             Ok(c) => c,
             Err(zk::Error::NoNode) => return Ok(None),
             Err(e) => return Err(inner.err(e)),
@@ -813,7 +870,7 @@ impl Backend for ZooKeeperBackend {
         let mut holders = Vec::new();
         for (i, n) in nodes.iter().enumerate() {
             let full = format!("{path}/{}", n.name);
-            let Ok((data, stat)) = inner.client.get_data(&full).await else {
+            let Ok((data, stat)) = inner.client().get_data(&full).await else {
                 continue;
             };
             let data = String::from_utf8_lossy(&data);
@@ -837,7 +894,7 @@ impl Backend for ZooKeeperBackend {
     async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
         let inner = &self.inner;
         let children = inner
-            .client
+            .client()
             .list_children(&inner.options.prefix)
             .await
             .map_err(|e| inner.err(e))?;

@@ -127,3 +127,38 @@ async fn a_hold_never_outlives_the_negotiated_session_timeout() {
     );
     gb.release().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_session_follows_an_expired_one() {
+    let (server, _dir) = private_zk(60_000);
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let a = Locker::new(connect(&format!("zk://{}?session_timeout=2s", proxy.addr())).await);
+    let g = a
+        .lock("before")
+        .ttl(Duration::from_secs(2))
+        .acquire()
+        .await
+        .unwrap();
+    // Cut off well past the session timeout: the server expires the session.
+    proxy.blackhole();
+    let lost = tokio::time::timeout(Duration::from_secs(20), g.lost()).await;
+    assert!(lost.is_ok(), "the hold of an expired session stayed valid");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    proxy.restore();
+    // The client learns that its session expired, and opens a new one.
+    let start = Instant::now();
+    let g2 = loop {
+        match a.lock("after").wait(Duration::from_secs(5)).acquire().await {
+            Ok(g) => break g,
+            Err(e) => {
+                assert!(
+                    start.elapsed() < Duration::from_secs(30),
+                    "no acquire works after the session expired: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    assert!(g2.is_valid());
+    g2.release().await.unwrap();
+}
