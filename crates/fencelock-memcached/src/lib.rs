@@ -11,6 +11,8 @@
 //!   request adds a hold with a CAS-checked write.
 //! - **renew**: read the item with its CAS value, check the owner, rewrite it
 //!   with a new expiry only if the CAS value did not change (`ms … C<cas>`).
+//!   Always read first: memcached counts CAS values from 1 again after a
+//!   restart, so a remembered CAS value could match another owner's item.
 //! - **release**: read, check the owner, then delete only if the CAS value did
 //!   not change (`md … C<cas>`), or write back one hold fewer. A client can
 //!   never delete a lock another owner took after its own expired.
@@ -56,7 +58,6 @@
 mod item;
 mod options;
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -88,10 +89,6 @@ struct Inner {
     addr: String,
     options: MemcachedOptions,
     idle: Mutex<Vec<Client>>,
-    /// The last CAS value this client saw on each item it holds, with the
-    /// holder it wrote: renew and release try a CAS-checked write with it first
-    /// (one round trip) and fall back to reading the item when it moved.
-    known: Mutex<HashMap<String, (Holder, u64)>>,
     /// Wakes this process's waiters when a hold is released here.
     released: Notify,
 }
@@ -129,7 +126,6 @@ impl MemcachedBackend {
                 addr,
                 options,
                 idle: Mutex::new(Vec::new()),
-                known: Mutex::new(HashMap::new()),
                 released: Notify::new(),
             }),
         };
@@ -247,24 +243,7 @@ impl MemcachedBackend {
                 }
             })
             .await?;
-        if let Some(cas) = stored {
-            self.remember(name, holder, cas);
-        }
         Ok(stored.is_some())
-    }
-
-    fn remember(&self, name: &str, holder: &Holder, cas: Option<u64>) {
-        let mut known = self.inner.known.lock().unwrap_or_else(|p| p.into_inner());
-        match cas {
-            Some(cas) => known.insert(name.to_string(), (holder.clone(), cas)),
-            None => known.remove(name),
-        };
-    }
-
-    /// What this client last wrote to `name` for `owner`, if anything.
-    fn recall(&self, name: &str, owner: &str) -> Option<(Holder, u64)> {
-        let known = self.inner.known.lock().unwrap_or_else(|p| p.into_inner());
-        known.get(name).filter(|(h, _)| h.owner == owner).cloned()
     }
 
     /// Writes `holder` with expiry `secs` if the item's CAS value is still `cas`.
@@ -290,15 +269,11 @@ impl MemcachedBackend {
             }
         })
         .await
-        .map(|stored| {
-            self.remember(name, holder, stored.flatten());
-            stored.is_some()
-        })
+        .map(|stored| stored.is_some())
     }
 
     /// Deletes the item if its CAS value is still `cas`.
     async fn delete(&self, name: &str, cas: u64) -> Result<bool> {
-        self.remember(name, &Holder::default(), None);
         let c_flag = format!("C{cas}");
         self.with_client(async |c| {
             match c
@@ -361,12 +336,9 @@ impl MemcachedBackend {
     async fn renew_one(&self, lease: &LeaseRef) -> Result<Renewal> {
         let name = self.name(&lease.key);
         let secs = expiry_secs(lease.ttl)?;
-        // Only ever extend: another hold of the same owner may have asked for more.
-        if let Some((h, cas)) = self.recall(&name, lease.owner.as_str())
-            && self.replace(&name, &h, cas, h.secs.max(secs)).await?
-        {
-            return Ok(Renewal::Held { ttl: lease.ttl });
-        }
+        // Read first, then a CAS-checked write: memcached counts CAS values
+        // from 1 again after a restart, so a CAS value this client remembered
+        // could match the item another owner added since.
         loop {
             let Some(now) = self.read(&name).await? else {
                 return Ok(Renewal::Lost {
@@ -446,13 +418,7 @@ impl Backend for MemcachedBackend {
             key: lease.key.to_string(),
             owner: lease.owner.to_string(),
         };
-        if let Some((h, cas)) = self.recall(&name, lease.owner.as_str())
-            && h.holds == 1
-            && self.delete(&name, cas).await?
-        {
-            self.inner.released.notify_waiters();
-            return Ok(Released::new(0));
-        }
+        // Read first (see `renew_one`).
         loop {
             let now = self.read(&name).await?.ok_or_else(not_held)?;
             let h = now

@@ -5,7 +5,9 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use fencelock_core::{Error, Locker, LostReason};
+use fencelock_core::{
+    Backend, Error, Key, LeaseRef, Locker, LostReason, Mode, Owner, Renewal, Request,
+};
 use fencelock_memcached::MemcachedBackend;
 use fencelock_testkit::{ServerProcess, free_port};
 
@@ -67,4 +69,55 @@ async fn a_restart_during_a_hold_fires_lost_at_the_next_renewal() {
     assert!(matches!(g.release().await, Err(Error::NotHeld { .. })));
     assert!(other.lock("restart").try_acquire().await.unwrap().is_none());
     g2.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_from_before_a_restart_never_touches_the_next_owners_item() {
+    // memcached counts CAS values from 1 again after a restart: what the
+    // holder remembers of its item must not match the item another owner adds.
+    let port = free_port();
+    let mut server = memcached(port);
+    let url = format!("memcached://127.0.0.1:{port}");
+    let a = MemcachedBackend::connect(&url).await.unwrap();
+    let req = Request::new(
+        Key::new("cas").unwrap(),
+        Owner::new("before").unwrap(),
+        Mode::Exclusive,
+        Duration::from_secs(30),
+    );
+    let ga = a.try_acquire(&req).await.unwrap().unwrap();
+    server.kill();
+    let _server = memcached(port);
+    let b = Locker::new(MemcachedBackend::connect(&url).await.unwrap());
+    let gb = b
+        .lock("cas")
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free after the restart");
+    // A's pooled connections died with the server: let it make new ones.
+    for _ in 0..4 {
+        let _ = a.inspect(&Key::new("other").unwrap()).await;
+    }
+    // A renews what it believes it holds, then lets go of it: both must see
+    // that the item is B's now, and leave it alone.
+    let lease = LeaseRef::new(&req, &ga);
+    let renewed = a.renew(std::slice::from_ref(&lease)).await.unwrap();
+    assert!(
+        matches!(renewed[0], Renewal::Lost { .. }),
+        "the holder from before the restart renewed: {renewed:?}"
+    );
+    let released = a.release(&lease).await;
+    assert!(
+        matches!(released, Err(Error::NotHeld { .. })),
+        "the holder from before the restart released: {released:?}"
+    );
+    let c = Locker::new(MemcachedBackend::connect(&url).await.unwrap());
+    assert!(
+        c.lock("cas").try_acquire().await.unwrap().is_none(),
+        "the new owner's lock was deleted by a holder from before the restart"
+    );
+    assert!(gb.is_valid());
+    gb.release().await.unwrap();
 }
