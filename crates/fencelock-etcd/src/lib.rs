@@ -811,12 +811,20 @@ impl Backend for EtcdBackend {
             pending.delete().await;
             return Ok(None);
         };
-        // The hold's validity counts from the read that showed it holding, and
-        // never outlasts what is known of the lease.
-        let lease = inner.session.lease();
-        let Some(ttl) = inner.grant_ttl(req.ttl, &lease, seen_at) else {
+        // The hold lives on the lease its key was put with: if this client gave
+        // that lease up while the key waited (keepalives failed), the key dies
+        // with it even though a new lease is current now — no grant then.
+        // The validity counts from the read that showed it holding, and never
+        // outlasts what is known of the lease.
+        let now_lease = inner.session.lease();
+        let Some(ttl) = (now_lease.id == lease.id)
+            .then(|| inner.grant_ttl(req.ttl, &now_lease, seen_at))
+            .flatten()
+        else {
+            pending.delete().await;
             return Err(inner.lease_overdue());
         };
+        let lease = now_lease;
         pending.keep();
         lock(&inner.holds).insert(
             (req.key.clone(), req.owner.clone()),
