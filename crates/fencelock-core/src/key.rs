@@ -11,8 +11,10 @@ pub const MAX_KEY_BYTES: usize = 256;
 /// The name of a lock: 1 to 256 bytes of UTF-8 without control characters.
 ///
 /// Validation happens before any I/O, so a bad key never reaches a backend.
-/// Backends map keys into their own namespace (`fencelock:{key}` in Redis,
-/// `/fencelock/<escaped key>` in ZooKeeper and etcd, a row in SQL backends).
+/// Backends map keys into their own namespace (`fencelock:{key}` in Redis, with
+/// `%` and `}` escaped inside the braces,
+/// `/fencelock/<escaped key>` in ZooKeeper, `fencelock/<key>/` in etcd, a row
+/// in SQL backends).
 ///
 /// # Examples
 ///

@@ -37,6 +37,15 @@
 //! key's create revision, which rises with every write to the cluster.
 //! Reentrancy is kept per owner in this client, with the owner's key.
 //!
+//! Tokens rise as long as the cluster's revision does. An operator who
+//! rebuilds the cluster from scratch, or restores it from a snapshot, sets
+//! the revision back: restore with `etcdutl snapshot restore
+//! --bump-revision <more than the writes since the snapshot>
+//! --mark-compacted`, or fence the resources anew (a token from the rebuilt
+//! cluster may repeat one handed out before). Keys are used as they are, not
+//! escaped: a key `a/b` is the lock `<prefix>a/b/`; a queue ignores the nodes
+//! of longer keys under it, so `a` and `a/b` are two locks.
+//!
 //! # Example
 //!
 //! ```no_run

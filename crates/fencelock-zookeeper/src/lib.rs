@@ -33,6 +33,11 @@
 //! other backend. The fencing token is the holder node's `czxid`, which rises
 //! with every create in the ensemble. Reentrancy is kept per owner in this
 //! client, with the owner's node.
+//!
+//! Tokens rise as long as the ensemble's zxid does. An ensemble rebuilt from
+//! scratch starts its zxids again (and one restored from an old snapshot goes
+//! back to it): fence the resources anew after that (a token from the new
+//! ensemble may repeat one handed out before).
 #![warn(missing_docs)]
 
 mod names;
