@@ -4,8 +4,11 @@
 //!
 //! # Algorithm
 //!
-//! Each backend holds one etcd **lease** (Go's session; `session_ttl`, 10 s by
-//! default), kept alive by one task. A request puts the key
+//! Each backend holds one etcd **lease** per TTL class (Go's session): a hold
+//! of TTL `t` lives on the lease of `ceil(t)` seconds (at most `session_ttl`,
+//! 10 s by default; etcd raises a lease below its minimum, about 2 s), kept
+//! alive by one task per lease — so a holder that dies costs its own TTL. A
+//! request puts the key
 //! `<prefix><key>/<lease id in hex>` attached to the lease, if absent (one
 //! transaction that also reads the lock's keys), and the lowest create
 //! revision wins:
@@ -110,7 +113,8 @@ pub(crate) struct Inner {
     pub(crate) client: Client,
     pub(crate) options: EtcdOptions,
     address: String,
-    pub(crate) session: Session,
+    /// One session (lease) per TTL class, by its seconds.
+    pub(crate) sessions: Mutex<HashMap<i64, Arc<Session>>>,
     holds: Mutex<HashMap<(Key, Owner), Held>>,
     /// Keys this client created and has not yet seen deleted: a name is not
     /// used again before its key is gone.
@@ -125,7 +129,9 @@ pub(crate) struct Inner {
 struct Held {
     node: String,
     token: i64,
+    /// The lease its key was put with, and that lease's session.
     lease: i64,
+    session: Arc<Session>,
     holds: u32,
     mode: Mode,
     ttl: Duration,
@@ -445,8 +451,10 @@ impl Inner {
         for key in expired.into_iter().chain(orphans) {
             self.delete_node(&key).await;
         }
-        if !lock(&self.session.dead).is_empty() {
-            self.revoke_dead().await;
+        for session in self.sessions() {
+            if !lock(&session.dead).is_empty() {
+                self.revoke_dead(&session).await;
+            }
         }
     }
 
@@ -468,15 +476,23 @@ impl Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // Revoking the lease deletes every key of this client at once.
-        let lease = self.session.lease();
-        if lease.alive
+        // Revoking the leases deletes every key of this client at once.
+        let leases: Vec<i64> = self
+            .sessions()
+            .iter()
+            .map(|s| s.lease())
+            .filter(|l| l.alive)
+            .map(|l| l.id)
+            .collect();
+        if !leases.is_empty()
             && let Ok(h) = tokio::runtime::Handle::try_current()
         {
             let mut c = self.client.clone();
             let wait = self.options.request_timeout;
             h.spawn(async move {
-                let _ = tokio::time::timeout(wait, c.lease_revoke(lease.id)).await;
+                for id in leases {
+                    let _ = tokio::time::timeout(wait, c.lease_revoke(id)).await;
+                }
             });
         }
     }
@@ -562,34 +578,37 @@ impl EtcdBackend {
             )
         })?
         .map_err(|e| etcd_err(e, &address))?;
-        let first = session::Lease {
-            id: 0,
-            ttl: parsed.options.session_ttl,
-            valid_until: Instant::now(),
-            alive: false,
-        };
         let inner = Arc::new(Inner {
             client,
             options: parsed.options,
             address,
-            session: Session::new(first),
+            sessions: Mutex::new(HashMap::new()),
             holds: Mutex::new(HashMap::new()),
             names: Mutex::new(HashSet::new()),
             orphans: Mutex::new(Vec::new()),
             next_name: AtomicU64::new(0),
             watch_events: AtomicU64::new(0),
         });
-        let granted = tokio::time::timeout(inner.options.connect_timeout, inner.grant_lease())
-            .await
-            .map_err(|_| {
-                Error::connection(
-                    NAME,
-                    &inner.address,
-                    "no server answered within the connect timeout",
-                )
-            })??;
-        *lock(&inner.session.current) = granted;
-        tokio::spawn(session::keep_alive(Arc::downgrade(&inner)));
+        // Fail at connect, not at the first lock, if the server does not
+        // answer: the lease of the default TTL class, granted now.
+        let default_class = inner.session(
+            inner
+                .options
+                .default_ttl
+                .unwrap_or(fencelock_core::DEFAULT_TTL),
+        );
+        tokio::time::timeout(
+            inner.options.connect_timeout,
+            inner.live_lease(&default_class),
+        )
+        .await
+        .map_err(|_| {
+            Error::connection(
+                NAME,
+                &inner.address,
+                "no server answered within the connect timeout",
+            )
+        })??;
         tokio::spawn(janitor(Arc::downgrade(&inner)));
         Ok(EtcdBackend { inner })
     }
@@ -599,9 +618,10 @@ impl EtcdBackend {
         &self.inner.options
     }
 
-    /// The id of the etcd lease new holds attach to (for tools and tests).
-    pub fn lease_id(&self) -> i64 {
-        self.inner.session.lease().id
+    /// The id of the etcd lease new holds of `ttl` attach to (for tools and
+    /// tests).
+    pub fn lease_id(&self, ttl: Duration) -> i64 {
+        self.inner.session(ttl).lease().id
     }
 
     /// How many watch events woke this client's waiters so far (a herd shows as
@@ -648,9 +668,8 @@ impl EtcdBackend {
     /// anew.
     async fn reenter(&self, req: &Request, requested_at: Instant) -> Result<Option<Grant>> {
         let inner = &self.inner;
-        let lease = inner.session.lease();
         let id = (req.key.clone(), req.owner.clone());
-        let (node, token) = {
+        let (node, token, lease) = {
             let holds = lock(&inner.holds);
             let Some(h) = holds.get(&id) else {
                 return Ok(None);
@@ -663,11 +682,12 @@ impl EtcdBackend {
                     req.mode,
                 ));
             }
+            let lease = h.session.lease();
             if h.lease != lease.id {
                 // Its lease expired: the watchdog reports it lost; a new hold is made.
                 return Ok(None);
             }
-            (h.node.clone(), h.token)
+            (h.node.clone(), h.token, lease)
         };
         let n = node.clone();
         let resp = inner
@@ -782,7 +802,8 @@ impl Backend for EtcdBackend {
             return Ok(Some(g));
         }
         let inner = &self.inner;
-        let lease = inner.live_lease().await?;
+        let session = inner.session(req.ttl);
+        let lease = inner.live_lease(&session).await?;
         let lock_prefix = inner.lock_prefix(req.key.as_str());
         let node = inner.reserve_name(&lock_prefix, lease.id);
         let pending = PendingNode {
@@ -825,7 +846,7 @@ impl Backend for EtcdBackend {
         // with it even though a new lease is current now — no grant then.
         // The validity counts from the read that showed it holding, and never
         // outlasts what is known of the lease.
-        let now_lease = inner.session.lease();
+        let now_lease = session.lease();
         let Some(ttl) = (now_lease.id == lease.id)
             .then(|| inner.grant_ttl(req.ttl, &now_lease, seen_at))
             .flatten()
@@ -841,6 +862,7 @@ impl Backend for EtcdBackend {
                 node: node.clone(),
                 token: rev,
                 lease: lease.id,
+                session: session.clone(),
                 holds: 1,
                 mode: req.mode,
                 ttl: req.ttl,
@@ -855,10 +877,10 @@ impl Backend for EtcdBackend {
     async fn renew(&self, leases: &[LeaseRef]) -> Result<Vec<Renewal>> {
         let inner = &self.inner;
         let start = Instant::now();
-        let lease = inner.session.lease();
         let expired = "the etcd lease expired (keepalives failed past its TTL); its keys are gone";
-        // Which leases still have a key to check: (node, create revision).
-        let checks: Vec<std::result::Result<(String, i64), &str>> = {
+        // Which leases still have a key to check: (node, create revision, and
+        // the lease the key lives on, as this client knows it now).
+        let checks: Vec<std::result::Result<(String, i64, session::Lease), &str>> = {
             let holds = lock(&inner.holds);
             leases
                 .iter()
@@ -866,15 +888,21 @@ impl Backend for EtcdBackend {
                     None => Err(
                         "this client no longer holds it (released, or its TTL ran out unrenewed)",
                     ),
-                    Some(h) if h.lease != lease.id || !lease.alive => Err(expired),
-                    Some(h) => Ok((h.node.clone(), h.token)),
+                    Some(h) => {
+                        let lease = h.session.lease();
+                        if h.lease != lease.id || !lease.alive {
+                            Err(expired)
+                        } else {
+                            Ok((h.node.clone(), h.token, lease))
+                        }
+                    }
                 })
                 .collect()
         };
         let gets: Vec<TxnOp> = checks
             .iter()
             .flatten()
-            .map(|(node, _)| TxnOp::get(node.as_str(), Some(GetOptions::new().with_keys_only())))
+            .map(|(node, _, _)| TxnOp::get(node.as_str(), Some(GetOptions::new().with_keys_only())))
             .collect();
         let mut found = Vec::new();
         if !gets.is_empty() {
@@ -894,7 +922,6 @@ impl Backend for EtcdBackend {
                 })
                 .collect();
         }
-        let ttl_left = inner.grant_ttl(Duration::MAX, &lease, start);
         let mut found = found.into_iter();
         let mut out = Vec::with_capacity(leases.len());
         let mut holds = lock(&inner.holds);
@@ -902,9 +929,12 @@ impl Backend for EtcdBackend {
             let id = (l.key.clone(), l.owner.clone());
             let reason = match check {
                 Err(reason) => reason,
-                Ok((_, token)) if found.next().flatten() == Some(token) => {
-                    let Some(left) = ttl_left else {
-                        return Err(inner.lease_overdue());
+                Ok((_, token, lease)) if found.next().flatten() == Some(token) => {
+                    let Some(left) = inner.grant_ttl(Duration::MAX, &lease, start) else {
+                        out.push(Renewal::Unknown {
+                            reason: "the etcd lease's keepalives are overdue".into(),
+                        });
+                        continue;
                     };
                     if let Some(h) = holds.get_mut(&id) {
                         h.renewed_until = start + h.ttl;

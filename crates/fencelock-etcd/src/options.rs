@@ -9,7 +9,7 @@ use fencelock_core::{Error, Result, redact_url};
 /// | URL option | default | meaning |
 /// |---|---|---|
 /// | `prefix=` | `fencelock/` | prepended to every lock name (`<prefix><key>/<lease id in hex>`); empty gives the bare layout of `etcdctl lock` |
-/// | `session_ttl=` | 10 s | TTL of the backend's etcd lease (whole seconds): what a vanished holder costs |
+/// | `session_ttl=` | 10 s | the longest etcd lease (whole seconds): a hold of TTL `t` lives on a lease of `min(ceil(t), session_ttl)`, which is what its holder's death costs |
 /// | `connect_timeout=` | 5 s | how long `connect` waits |
 /// | `request_timeout=` | 5 s | how long one request may take |
 /// | `ttl=` | – | default TTL of holds |

@@ -1,8 +1,11 @@
-//! The backend's etcd lease (Go's `concurrency.Session`): granted at connect,
-//! kept alive by one task, replaced by a new one after it expires. Every hold
-//! is a key attached to it, so the keepalive renews them all at once.
+//! The backend's etcd leases (Go's `concurrency.Session`), one per TTL class:
+//! a hold of TTL `t` is a key attached to the lease of `ceil(t)` seconds
+//! (capped by `session_ttl`), so a holder that dies frees its lock after its
+//! own TTL, not a longer one. Each lease is granted on first use, kept alive
+//! by one task, and replaced by a new one after it expires; the keepalive
+//! renews every hold of its class at once.
 
-use std::sync::{Mutex, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
@@ -28,8 +31,10 @@ pub(crate) struct Lease {
     pub(crate) alive: bool,
 }
 
-/// The lease in force, and the expired ones still to revoke.
+/// The lease in force of one TTL class, and the expired ones still to revoke.
 pub(crate) struct Session {
+    /// The lease TTL this class asks for (whole seconds).
+    pub(crate) secs: i64,
     pub(crate) current: Mutex<Lease>,
     /// Serialises granting a replacement lease.
     pub(crate) gate: tokio::sync::Mutex<()>,
@@ -39,8 +44,9 @@ pub(crate) struct Session {
 }
 
 impl Session {
-    pub(crate) fn new(lease: Lease) -> Self {
+    pub(crate) fn new(secs: i64, lease: Lease) -> Self {
         Session {
+            secs,
             current: Mutex::new(lease),
             gate: tokio::sync::Mutex::new(()),
             dead: Mutex::new(Vec::new()),
@@ -71,9 +77,9 @@ impl Session {
 }
 
 impl Inner {
-    /// Grants a new lease of `session_ttl`.
-    pub(crate) async fn grant_lease(&self) -> Result<Lease> {
-        let secs = self.options.session_ttl.as_secs_f64().ceil() as i64;
+    /// Grants a new lease of `secs` seconds (the server may raise it to its
+    /// minimum).
+    pub(crate) async fn grant_lease(&self, secs: i64) -> Result<Lease> {
         let sent = Instant::now();
         let resp = self
             .call(|mut c| async move { c.lease_grant(secs, None).await })
@@ -93,28 +99,55 @@ impl Inner {
         })
     }
 
-    /// The lease to attach a new hold to: the current one while it is alive,
-    /// else a new one.
-    pub(crate) async fn live_lease(&self) -> Result<Lease> {
+    /// The session of holds of `ttl`: the class of `ceil(ttl)` seconds, at
+    /// most `session_ttl`; started (with its keepalive task) on first use.
+    pub(crate) fn session(self: &Arc<Self>, ttl: Duration) -> Arc<Session> {
+        let cap = self.options.session_ttl.as_secs_f64().ceil().max(1.0) as i64;
+        let secs = (ttl.as_secs_f64().ceil() as i64).clamp(1, cap);
+        let mut sessions = lock(&self.sessions);
+        sessions
+            .entry(secs)
+            .or_insert_with(|| {
+                let idle = Lease {
+                    id: 0,
+                    ttl: Duration::from_secs(secs as u64),
+                    valid_until: Instant::now(),
+                    alive: false,
+                };
+                let session = Arc::new(Session::new(secs, idle));
+                tokio::spawn(keep_alive(Arc::downgrade(self), Arc::downgrade(&session)));
+                session
+            })
+            .clone()
+    }
+
+    /// The sessions started so far.
+    pub(crate) fn sessions(&self) -> Vec<Arc<Session>> {
+        lock(&self.sessions).values().cloned().collect()
+    }
+
+    /// The lease of `session` to attach a new hold to: the current one while
+    /// it is alive, else a new one.
+    pub(crate) async fn live_lease(&self, session: &Session) -> Result<Lease> {
         let now = Instant::now();
-        let l = self.session.lease();
+        let l = session.lease();
         if l.alive && l.valid_until > now {
             return Ok(l);
         }
-        let _one = self.session.gate.lock().await;
-        let l = self.session.lease();
+        let _one = session.gate.lock().await;
+        let l = session.lease();
         if l.alive && l.valid_until > Instant::now() {
             return Ok(l);
         }
-        self.session.give_up(l.id, false);
-        let fresh = self.grant_lease().await?;
-        *lock(&self.session.current) = fresh;
+        session.give_up(l.id, false);
+        let fresh = self.grant_lease(session.secs).await?;
+        *lock(&session.current) = fresh;
         Ok(fresh)
     }
 
     /// Revokes the leases given up on; forgets those past their deadline.
-    pub(crate) async fn revoke_dead(&self) {
-        let dead = std::mem::take(&mut *lock(&self.session.dead));
+    pub(crate) async fn revoke_dead(&self, session: &Session) {
+        let dead = std::mem::take(&mut *lock(&session.dead));
         let mut keep = Vec::new();
         for (id, until) in dead {
             let mut c = self.client.clone();
@@ -128,23 +161,25 @@ impl Inner {
                 keep.push((id, until));
             }
         }
-        lock(&self.session.dead).extend(keep);
+        lock(&session.dead).extend(keep);
     }
 }
 
-/// Keeps the current lease alive: a keepalive every third of its TTL (sooner
-/// after a failure) on one stream, reopened when it breaks. Ends when the
-/// backend is dropped.
-pub(crate) async fn keep_alive(inner: Weak<Inner>) {
+/// Keeps the current lease of `session` alive: a keepalive every third of its
+/// TTL (sooner after a failure) on one stream, reopened when it breaks. Ends
+/// when the backend is dropped.
+pub(crate) async fn keep_alive(inner: Weak<Inner>, session: Weak<Session>) {
     let mut stream: Option<(i64, LeaseKeeper, LeaseKeepAliveStream)> = None;
     let mut failing = false;
     loop {
-        let Some(ttl) = inner.upgrade().map(|i| i.session.lease().ttl) else {
+        let Some(ttl) = session.upgrade().map(|s| s.lease().ttl) else {
             return;
         };
         tokio::time::sleep(if failing { RETRY } else { ttl / 3 }).await;
-        let Some(inner) = inner.upgrade() else { return };
-        let lease = inner.session.lease();
+        let (Some(inner), Some(session)) = (inner.upgrade(), session.upgrade()) else {
+            return;
+        };
+        let lease = session.lease();
         if !lease.alive {
             // Nothing to keep until an acquire takes a new lease.
             stream = None;
@@ -171,23 +206,21 @@ pub(crate) async fn keep_alive(inner: Weak<Inner>) {
         .await;
         match answer {
             Ok(Ok(Some(ttl))) if ttl > 0 => {
-                inner
-                    .session
-                    .extend(lease.id, sent + Duration::from_secs(ttl as u64));
+                session.extend(lease.id, sent + Duration::from_secs(ttl as u64));
                 failing = false;
             }
             Ok(Ok(Some(_))) => {
-                inner.session.give_up(lease.id, true);
+                session.give_up(lease.id, true);
                 stream = None;
             }
             Ok(Err(etcd_client::Error::LeaseKeepAliveError(e))) if e.contains("not found") => {
-                inner.session.give_up(lease.id, true);
+                session.give_up(lease.id, true);
                 stream = None;
             }
             Ok(Ok(None)) | Ok(Err(_)) | Err(_) => {
                 stream = None;
                 failing = true;
-                inner.session.give_up(lease.id, false);
+                session.give_up(lease.id, false);
             }
         }
     }

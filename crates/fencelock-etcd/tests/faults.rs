@@ -99,6 +99,13 @@ async fn a_killed_holder_frees_the_lock_when_its_lease_expires() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_holder_costs_its_own_ttl_not_the_session_ttl() {
+    // The default session_ttl (10 s) caps the lease of long holds; a hold of
+    // 2 s lives on a 2 s lease, so its holder's death frees it after ~2 s.
+    faults::killed_holder_frees_after_its_ttl(&Etcd, "etcd://127.0.0.1:2379").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_holder_loses_its_lock_and_its_stale_write() {
     faults::paused_holder_loses_its_lock_and_its_stale_write(&Etcd, SHARED).await;
 }
