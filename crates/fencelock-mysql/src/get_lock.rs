@@ -314,7 +314,13 @@ impl GetLock {
             }
             return Ok(Some(slot));
         }
-        Ok(None)
+        // Every slot of this count is taken; holders with another count (say
+        // 2 of 2 permits held, 1 asked: slot 1 busy) refuse it at once rather
+        // than keep it waiting for a slot it may never be allowed.
+        match self.held_count(conn, key, permits).await? {
+            Some(held) => Err(Error::permits_mismatch(key.as_str(), held, permits)),
+            None => Ok(None),
+        }
     }
 
     /// Records this permit holder's count and fails if a live holder of
@@ -338,7 +344,22 @@ impl GetLock {
         .execute(&mut *conn)
         .await
         .map_err(|e| self.err(e))?;
-        let other: Option<i64> = sqlx::query_scalar(
+        match self.held_count(conn, key, permits).await? {
+            Some(held) => Err(Error::permits_mismatch(key.as_str(), held, permits)),
+            None => Ok(()),
+        }
+    }
+
+    /// The count of a live holder of a permit of `key` (one whose session
+    /// still holds that permit's lock) that is not `permits`, if any.
+    async fn held_count(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &Key,
+        permits: u32,
+    ) -> Result<Option<i64>> {
+        let k = key.as_str().as_bytes();
+        sqlx::query_scalar(
             "SELECT permits FROM fencelock_permits
              WHERE lock_key = ? AND permits <> ?
                AND IS_USED_LOCK(IF(CHAR_LENGTH(CONCAT(?, CHAR(31), slot)) <= 64,
@@ -352,11 +373,7 @@ impl GetLock {
         .bind(key.as_str())
         .fetch_optional(&mut *conn)
         .await
-        .map_err(|e| self.err(e))?;
-        match other {
-            Some(held) => Err(Error::permits_mismatch(key.as_str(), held, permits)),
-            None => Ok(()),
-        }
+        .map_err(|e| self.err(e))
     }
 
     /// Takes `req.key` exclusively, waiting as `wait` says, and only while no
