@@ -6,9 +6,15 @@
 //!
 //! A lock is the path `<prefix>/<escaped key>` (a container node, removed by the
 //! server once empty). Each request creates an **ephemeral sequential** child,
-//! in Curator's protected mode: `_c_<uuid>-lock-<seq>` for a mutex,
-//! `_c_<uuid>-__READ__<seq>` / `_c_<uuid>-__WRIT__<seq>` for a read-write lock,
-//! `_c_<uuid>-__SEMA__<seq>` for a semaphore permit. The lowest sequence wins:
+//! in Curator's protected mode. With `writer=mutex` (the default) a writer is
+//! `_c_<uuid>-lock-<seq>` (Curator's `InterProcessMutex`), a reader
+//! `_c_<uuid>-__READ__lock-<seq>` and a permit `_c_<uuid>-__SEMA__lock-<seq>`;
+//! with `writer=rwlock` a writer is `_c_<uuid>-__WRIT__<seq>`, a reader
+//! `_c_<uuid>-__READ__<seq>` (Curator's `InterProcessReadWriteLock`) and a
+//! permit `_c_<uuid>-__SEMA____WRIT__<seq>`. Curator orders a lock's children by
+//! what follows its own fragment, so every node it must wait for ends in that
+//! fragment (else it would sort after its own nodes and be ignored). The
+//! lowest sequence wins:
 //!
 //! - a mutex or writer holds when it is first, else it watches **only the node
 //!   just before it** — a release wakes one waiter, not the herd;
@@ -21,11 +27,36 @@
 //! waiter that times out or is cancelled deletes its node. A create whose reply
 //! was lost is recovered by finding the node by its uuid (protected mode).
 //!
+//! # Interoperating with Curator and kazurator
+//!
+//! What each fencelock mode does beside each Curator recipe on the same path
+//! (the README's matrix; `tests/interop.rs` checks every cell both ways round):
+//!
+//! | `writer=` | fencelock | `InterProcessMutex` | RW lock, read | RW lock, write |
+//! |---|---|---|---|---|
+//! | `mutex` | exclusive | excludes | do not mix | do not mix |
+//! | `mutex` | shared | excludes | shares | do not mix |
+//! | `mutex` | semaphore | excludes | do not mix | do not mix |
+//! | `rwlock` | exclusive | do not mix | excludes | excludes |
+//! | `rwlock` | shared | do not mix | shares | excludes |
+//! | `rwlock` | semaphore | do not mix | excludes | excludes |
+//!
+//! "Do not mix": fencelock waits for the Curator holder, but the Curator recipe
+//! does not see fencelock's node (it sorts it after its own), so it may take
+//! the lock beside a fencelock holder.
+//!
 //! # Leases and fencing
 //!
-//! A hold lives as long as the ZooKeeper session: renewal is the session's
-//! heartbeat, and the watchdog's renew checks (in one multi-read per tick) that
-//! each node still exists and belongs to the session. Session expiry — or a
+//! A hold of TTL `t` lives in a ZooKeeper session of `min(ceil(t),
+//! session_timeout)` whole seconds — one session per such TTL class, opened on
+//! first use — so a holder that dies or is cut off frees its lock after about
+//! its own TTL. The server may raise a session's timeout to its
+//! `minSessionTimeout` (2 × `tickTime` by default, 4 s with the default
+//! `tickTime` of 2 s) or lower it to `maxSessionTimeout`: a dead holder then
+//! costs the negotiated timeout, and a hold's validity never exceeds it.
+//! Renewal is the session's heartbeat, and the watchdog's renew checks (in
+//! one multi-read per session and tick) that each node still exists and
+//! belongs to its session. Session expiry — or a
 //! disconnection that outlasts the hold's validity — fires `lost()`; a short
 //! disconnection that recovers does not (Curator's SUSPENDED vs LOST). A hold's
 //! TTL also applies on this client: a hold nobody renews for its TTL (a leaked
@@ -70,23 +101,50 @@ pub struct ZooKeeperBackend {
 }
 
 struct Inner {
-    /// The current session's client; replaced when the session expired.
-    client: std::sync::RwLock<zk::Client>,
-    /// How to open a new session.
+    /// The session of the `session_timeout` class: it also reads, watches
+    /// and deletes for every class.
+    primary: Arc<Session>,
+    /// Sessions of shorter TTL classes, by their timeout in ms: a hold of TTL
+    /// `t` lives in a session of `min(ceil(t), session_timeout)` whole
+    /// seconds, so its holder's death costs its own TTL.
+    classes: tokio::sync::Mutex<HashMap<u64, Arc<Session>>>,
+    /// How to open a session.
     connect: Connect,
-    /// Serializes opening a new session.
-    reconnecting: tokio::sync::Mutex<()>,
     options: ZkOptions,
     address: String,
     holds: Mutex<HashMap<(Key, Owner), Held>>,
     /// Nodes to delete that could not be deleted yet (`<lock path>/<prefix>*`:
-    /// every node with that protected prefix).
-    orphans: Mutex<Vec<String>>,
+    /// every node with that protected prefix), with the session that made them.
+    orphans: Mutex<Vec<(String, Arc<Session>)>>,
     watch_events: AtomicU64,
+}
+
+/// One ZooKeeper session of this client, replaced when it expired.
+struct Session {
+    client: std::sync::RwLock<zk::Client>,
+    /// The session timeout asked for.
+    timeout: Duration,
+    /// Serializes opening a new session.
+    reconnecting: tokio::sync::Mutex<()>,
+}
+
+impl Session {
+    fn client(&self) -> zk::Client {
+        self.client
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn id(&self) -> i64 {
+        self.client().session_id().0
+    }
 }
 
 /// A hold of this client.
 struct Held {
+    /// The session its node lives in.
+    session: Arc<Session>,
     node: String,
     token: u64,
     holds: u32,
@@ -124,6 +182,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// no ghost holder.
 struct PendingNode {
     inner: Option<Arc<Inner>>,
+    /// The session that sends the create (and so sees it, in order).
+    session: Arc<Session>,
     lock_path: String,
     protected: String,
 }
@@ -139,7 +199,7 @@ impl PendingNode {
     async fn delete(self) {
         if let Some(inner) = &self.inner {
             inner
-                .delete_protected(&self.lock_path, &self.protected)
+                .delete_protected(&self.session, &self.lock_path, &self.protected)
                 .await;
         }
         self.keep();
@@ -149,31 +209,36 @@ impl PendingNode {
 impl Drop for PendingNode {
     fn drop(&mut self) {
         if let Some(inner) = self.inner.take() {
-            let (lock_path, protected) = (
+            let (session, lock_path, protected) = (
+                self.session.clone(),
                 std::mem::take(&mut self.lock_path),
                 std::mem::take(&mut self.protected),
             );
             if let Ok(h) = tokio::runtime::Handle::try_current() {
-                h.spawn(async move { inner.delete_protected(&lock_path, &protected).await });
+                h.spawn(async move {
+                    inner
+                        .delete_protected(&session, &lock_path, &protected)
+                        .await
+                });
             } else {
-                lock(&inner.orphans).push(format!("{lock_path}/{protected}*"));
+                lock(&inner.orphans).push((format!("{lock_path}/{protected}*"), session));
             }
         }
     }
 }
 
-/// How to open a session: kept to open a new one after the old expired.
+/// How to open a session: kept to open more, and new ones after old ones
+/// expired.
 struct Connect {
     cluster: String,
     digest: Option<String>,
-    session_timeout: Duration,
     connect_timeout: Duration,
 }
 
 impl Connect {
-    async fn open(&self, address: &str) -> Result<zk::Client> {
+    async fn open(&self, address: &str, session_timeout: Duration) -> Result<zk::Client> {
         let mut connector = zk::Client::connector()
-            .with_session_timeout(self.session_timeout)
+            .with_session_timeout(session_timeout)
             .with_connection_timeout(self.connect_timeout);
         if let Some(d) = &self.digest {
             connector = connector.with_auth("digest", d.as_bytes());
@@ -192,34 +257,72 @@ impl Connect {
 }
 
 impl Inner {
-    /// The current session's client.
-    fn client(&self) -> zk::Client {
-        self.client
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+    /// The primary session's client, for reads about locks in general
+    /// (`inspect`, `list`, operators' deletes); opened anew if it has ended.
+    /// A hold's own operations go through the session its node lives in: a
+    /// session sees its own writes in order, another may be behind.
+    async fn client(&self) -> Result<zk::Client> {
+        self.ensure_live(&self.primary).await?;
+        Ok(self.primary.client())
     }
 
-    /// Opens a new session if the current one has ended (expired, closed):
-    /// the holds of the old one are gone (their renewals say so), new
-    /// acquires work again.
-    async fn ensure_session(&self) -> Result<()> {
+    /// [`Inner::client`], caught up with the leader on `path` (a `sync`): its
+    /// reads see every write made before, through any session — this
+    /// client's holds live in sessions of their own, on other servers maybe.
+    async fn synced(&self, path: &str) -> Result<zk::Client> {
+        let client = self.client().await?;
+        client.sync(path).await.map_err(|e| self.err(e))?;
+        Ok(client)
+    }
+
+    /// The live session for holds of `ttl`: of `min(ceil(ttl), session_timeout)`
+    /// whole seconds, opened on first use, and opened anew if it has ended
+    /// (expired, closed: the holds of the old one are gone, as their renewals
+    /// say; new acquires work again).
+    async fn session(&self, ttl: Duration) -> Result<Arc<Session>> {
+        let secs = ttl.as_secs_f64().ceil().max(1.0) as u64;
+        let timeout = Duration::from_secs(secs).min(self.options.session_timeout);
+        let session = if timeout >= self.primary.timeout {
+            self.primary.clone()
+        } else {
+            let key = timeout.as_millis() as u64;
+            let mut classes = self.classes.lock().await;
+            match classes.get(&key) {
+                Some(s) => s.clone(),
+                None => {
+                    let client = self.connect.open(&self.address, timeout).await?;
+                    let s = Arc::new(Session {
+                        client: std::sync::RwLock::new(client),
+                        timeout,
+                        reconnecting: tokio::sync::Mutex::new(()),
+                    });
+                    classes.insert(key, s.clone());
+                    s
+                }
+            }
+        };
+        self.ensure_live(&session).await?;
+        Ok(session)
+    }
+
+    /// Opens `session` anew if it has ended.
+    async fn ensure_live(&self, session: &Session) -> Result<()> {
         let ended = |c: &zk::Client| {
             matches!(
                 c.state(),
                 zk::SessionState::Expired | zk::SessionState::Closed | zk::SessionState::AuthFailed
             )
         };
-        if !ended(&self.client()) {
+        if !ended(&session.client()) {
             return Ok(());
         }
-        let _one = self.reconnecting.lock().await;
-        if !ended(&self.client()) {
+        let _one = session.reconnecting.lock().await;
+        if !ended(&session.client()) {
             return Ok(());
         }
-        tracing::warn!(address = %self.address, "the ZooKeeper session ended; opening a new one (its holds are lost)");
-        let fresh = self.connect.open(&self.address).await?;
-        *self.client.write().unwrap_or_else(|p| p.into_inner()) = fresh;
+        tracing::warn!(address = %self.address, "a ZooKeeper session ended; opening a new one (its holds are lost)");
+        let fresh = self.connect.open(&self.address, session.timeout).await?;
+        *session.client.write().unwrap_or_else(|p| p.into_inner()) = fresh;
         Ok(())
     }
 
@@ -231,26 +334,30 @@ impl Inner {
         format!("{}/{}", self.options.prefix, escape_key(key.as_str()))
     }
 
-    /// Deletes `path`; a node that is already gone is fine; a failure is retried later.
-    async fn delete_node(&self, path: &str) {
-        match self.client().delete(path, None).await {
+    /// Deletes `path` through `session` (the one that made it, so that it
+    /// sees it); a node that is already gone is fine; a failure is retried
+    /// later.
+    async fn delete_node(&self, session: &Arc<Session>, path: &str) {
+        match session.client().delete(path, None).await {
             Ok(()) | Err(zk::Error::NoNode) => {}
-            Err(_) => lock(&self.orphans).push(path.to_string()),
+            Err(_) => lock(&self.orphans).push((path.to_string(), session.clone())),
         }
     }
 
     /// Deletes every child of `lock_path` whose name starts with `protected`
     /// (the nodes of one acquire); retried by the janitor if ZooKeeper cannot
     /// be reached now.
-    async fn delete_protected(&self, lock_path: &str, protected: &str) {
-        match self.client().list_children(lock_path).await {
+    async fn delete_protected(&self, session: &Arc<Session>, lock_path: &str, protected: &str) {
+        match session.client().list_children(lock_path).await {
             Ok(children) => {
                 for c in children.into_iter().filter(|c| c.starts_with(protected)) {
-                    self.delete_node(&format!("{lock_path}/{c}")).await;
+                    self.delete_node(session, &format!("{lock_path}/{c}")).await;
                 }
             }
             Err(zk::Error::NoNode) => {}
-            Err(_) => lock(&self.orphans).push(format!("{lock_path}/{protected}*")),
+            Err(_) => {
+                lock(&self.orphans).push((format!("{lock_path}/{protected}*"), session.clone()))
+            }
         }
     }
 
@@ -261,24 +368,29 @@ impl Inner {
     /// one is deleted.
     async fn create_node(
         &self,
+        session: &Arc<Session>,
         lock_path: &str,
         protected: &str,
         kind: Kind,
         data: &[u8],
     ) -> Result<(String, u64)> {
-        let path = format!("{lock_path}/{protected}{}", kind.fragment());
+        let path = format!(
+            "{lock_path}/{protected}{}",
+            kind.fragment(self.options.writer)
+        );
         let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
         for _ in 0..5 {
-            match self.client().create(&path, data, &options).await {
+            match session.client().create(&path, data, &options).await {
                 Ok((stat, seq)) => {
                     return Ok((
-                        format!("{protected}{}{seq}", kind.fragment()),
+                        format!("{protected}{}{seq}", kind.fragment(self.options.writer)),
                         stat.czxid as u64,
                     ));
                 }
                 Err(zk::Error::NoNode) => {
                     let dir = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
-                    self.client()
+                    session
+                        .client()
                         .mkdir(lock_path, &dir)
                         .await
                         .map_err(|e| self.err(e))?;
@@ -286,7 +398,7 @@ impl Inner {
                 Err(zk::Error::ConnectionLoss) => {
                     // The create may have happened: look for our prefix, and
                     // do not create again until the look succeeded.
-                    if let Some(found) = self.find_protected(lock_path, protected).await? {
+                    if let Some(found) = self.find_protected(session, lock_path, protected).await? {
                         return Ok(found);
                     }
                 }
@@ -304,11 +416,12 @@ impl Inner {
     /// read succeeds (bounded).
     async fn find_protected(
         &self,
+        session: &Arc<Session>,
         lock_path: &str,
         protected: &str,
     ) -> Result<Option<(String, u64)>> {
         for _ in 0..100 {
-            match self.client().list_children(lock_path).await {
+            match session.client().list_children(lock_path).await {
                 Ok(children) => {
                     let mut ours: Vec<names::LockNode> = sorted_nodes(&children)
                         .into_iter()
@@ -318,11 +431,11 @@ impl Inner {
                         return Ok(None);
                     }
                     for extra in ours.split_off(1) {
-                        self.delete_node(&format!("{lock_path}/{}", extra.name))
+                        self.delete_node(session, &format!("{lock_path}/{}", extra.name))
                             .await;
                     }
                     let name = ours.remove(0).name;
-                    let (_, stat) = self
+                    let (_, stat) = session
                         .client()
                         .get_data(&format!("{lock_path}/{name}"))
                         .await
@@ -350,14 +463,16 @@ impl Inner {
     /// node, and so its session, was alive then); `None` if `deadline` passed.
     async fn wait_turn(
         &self,
+        session: &Session,
         lock_path: &str,
         name: &str,
         permits: u32,
         deadline: Option<Instant>,
     ) -> Result<Option<Instant>> {
         loop {
+            let client = session.client();
             let sent = Instant::now();
-            let children = match self.client().list_children(lock_path).await {
+            let children = match client.list_children(lock_path).await {
                 Ok(c) => c,
                 Err(zk::Error::ConnectionLoss) if deadline.is_none_or(|d| Instant::now() < d) => {
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -377,8 +492,7 @@ impl Inner {
             let watcher = match blocker(&nodes, index, permits) {
                 None => return Ok(Some(sent)),
                 Some(_) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
-                Some(Wait::Node(n)) => match self
-                    .client()
+                Some(Wait::Node(n)) => match client
                     .check_and_watch_stat(&format!("{lock_path}/{}", n.name))
                     .await
                 {
@@ -390,7 +504,7 @@ impl Inner {
                 },
                 Some(Wait::Children) => {
                     let sent = Instant::now();
-                    match self.client().get_and_watch_children(lock_path).await {
+                    match client.get_and_watch_children(lock_path).await {
                         Ok((now, _, w)) => {
                             let nodes = sorted_nodes(&now);
                             match nodes.iter().position(|n| n.name == name) {
@@ -423,9 +537,15 @@ impl Inner {
     /// The permit count of another semaphore node of `lock_path` than `name`
     /// that differs from `permits`, if any (read from the nodes' data,
     /// `owner\tpermits`).
-    async fn other_count(&self, lock_path: &str, name: &str, permits: u32) -> Result<Option<u32>> {
-        let children = self
-            .client()
+    async fn other_count(
+        &self,
+        session: &Session,
+        lock_path: &str,
+        name: &str,
+        permits: u32,
+    ) -> Result<Option<u32>> {
+        let client = session.client();
+        let children = client
             .list_children(lock_path)
             .await
             .map_err(|e| self.err(e))?;
@@ -433,11 +553,7 @@ impl Inner {
             if n.kind != Kind::Permit || n.name == name {
                 continue;
             }
-            let data = match self
-                .client()
-                .get_data(&format!("{lock_path}/{}", n.name))
-                .await
-            {
+            let data = match client.get_data(&format!("{lock_path}/{}", n.name)).await {
                 Ok((data, _)) => data,
                 Err(zk::Error::NoNode) => continue,
                 Err(e) => return Err(self.err(e)),
@@ -456,7 +572,7 @@ impl Inner {
     /// Deletes holds nobody renewed within their TTL, and retries orphans.
     async fn sweep(&self) {
         let now = Instant::now();
-        let expired: Vec<String> = {
+        let expired: Vec<(String, Arc<Session>)> = {
             let mut holds = lock(&self.holds);
             let gone: Vec<(Key, Owner)> = holds
                 .iter()
@@ -465,24 +581,26 @@ impl Inner {
                 .collect();
             gone.into_iter()
                 .filter_map(|k| holds.remove(&k))
-                .map(|h| h.node)
+                .map(|h| (h.node, h.session))
                 .collect()
         };
         let orphans = std::mem::take(&mut *lock(&self.orphans));
-        for path in expired.into_iter().chain(orphans) {
+        for (path, session) in expired.into_iter().chain(orphans) {
             // `<lock path>/<protected prefix>*`: the nodes of one acquire.
             match path.strip_suffix('*').and_then(|p| p.rsplit_once('/')) {
-                Some((lock_path, protected)) => self.delete_protected(lock_path, protected).await,
-                None => self.delete_node(&path).await,
+                Some((lock_path, protected)) => {
+                    self.delete_protected(&session, lock_path, protected).await
+                }
+                None => self.delete_node(&session, &path).await,
             }
         }
     }
 
-    /// A hold's TTL: at most the session timeout the server granted (which
-    /// may be below the one asked for, `maxSessionTimeout`), since the
-    /// session's end ends the hold.
-    fn grant_ttl(&self, ttl: Duration) -> Duration {
-        ttl.min(self.client().session_timeout())
+    /// A hold's TTL in `session`: at most the session timeout the server
+    /// granted (which may be below the one asked for, `maxSessionTimeout`),
+    /// since the session's end ends the hold.
+    fn grant_ttl(&self, ttl: Duration, session: &Session) -> Duration {
+        ttl.min(session.client().session_timeout())
     }
 }
 
@@ -500,19 +618,25 @@ impl ZooKeeperBackend {
         let connect = Connect {
             cluster: parsed.cluster,
             digest: parsed.digest,
-            session_timeout: parsed.options.session_timeout,
             connect_timeout: parsed.options.connect_timeout,
         };
-        let client = connect.open(&address).await?;
+        let client = connect
+            .open(&address, parsed.options.session_timeout)
+            .await?;
         let dir = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
         client
             .mkdir(&parsed.options.prefix, &dir)
             .await
             .map_err(|e| zk_err(e, &address))?;
-        let inner = Arc::new(Inner {
+        let primary = Arc::new(Session {
             client: std::sync::RwLock::new(client),
-            connect,
+            timeout: parsed.options.session_timeout,
             reconnecting: tokio::sync::Mutex::new(()),
+        });
+        let inner = Arc::new(Inner {
+            primary,
+            classes: tokio::sync::Mutex::new(HashMap::new()),
+            connect,
             options: parsed.options,
             address,
             holds: Mutex::new(HashMap::new()),
@@ -541,12 +665,9 @@ impl ZooKeeperBackend {
     ///
     /// Connection errors.
     pub async fn queue(&self, key: &Key) -> Result<Vec<String>> {
-        match self
-            .inner
-            .client()
-            .list_children(&self.inner.lock_path(key))
-            .await
-        {
+        let path = self.inner.lock_path(key);
+        let client = self.inner.synced(&path).await?;
+        match client.list_children(&path).await {
             Ok(children) => Ok(sorted_nodes(&children)
                 .into_iter()
                 .map(|n| n.name)
@@ -558,7 +679,7 @@ impl ZooKeeperBackend {
 
     /// The ZooKeeper session id (for tools and tests).
     pub fn session_id(&self) -> i64 {
-        self.inner.client().session_id().0
+        self.inner.primary.id()
     }
 
     /// Deletes every lock node of `key` (an operator breaking a lock; the
@@ -569,18 +690,14 @@ impl ZooKeeperBackend {
     /// Connection errors.
     pub async fn force_release(&self, key: &Key) -> Result<()> {
         let path = self.inner.lock_path(key);
-        let children = match self.inner.client().list_children(&path).await {
+        let client = self.inner.client().await?;
+        let children = match client.list_children(&path).await {
             Ok(c) => c,
             Err(zk::Error::NoNode) => return Ok(()),
             Err(e) => return Err(self.inner.err(e)),
         };
         for node in sorted_nodes(&children) {
-            match self
-                .inner
-                .client()
-                .delete(&format!("{path}/{}", node.name), None)
-                .await
-            {
+            match client.delete(&format!("{path}/{}", node.name), None).await {
                 Ok(()) | Err(zk::Error::NoNode) => {}
                 Err(e) => return Err(self.inner.err(e)),
             }
@@ -619,10 +736,11 @@ impl ZooKeeperBackend {
                     req.mode,
                 ));
             }
-            h.node.clone()
+            (h.node.clone(), h.session.clone())
         };
-        let ours = match inner.client().check_stat(&node).await {
-            Ok(Some(stat)) => stat.ephemeral_owner == inner.client().session_id().0,
+        let (node, session) = node;
+        let ours = match session.client().check_stat(&node).await {
+            Ok(Some(stat)) => stat.ephemeral_owner == session.id(),
             Ok(None) => false,
             Err(e) => return Err(inner.err(e)),
         };
@@ -640,7 +758,7 @@ impl ZooKeeperBackend {
             h.holds += 1;
         }
         h.renewed_until = h.renewed_until.max(Instant::now() + req.ttl);
-        let ttl = self.inner.grant_ttl(req.ttl);
+        let ttl = self.inner.grant_ttl(req.ttl, &session);
         Ok(Some(Grant::new(
             Some(FencingToken::new(h.token)),
             ttl,
@@ -690,7 +808,6 @@ impl Backend for ZooKeeperBackend {
     }
 
     async fn acquire(&self, req: &Request, deadline: Option<Instant>) -> Result<Option<Grant>> {
-        self.inner.ensure_session().await?;
         let requested_at = Instant::now();
         if let Some(g) = self.reenter(req, requested_at).await? {
             return Ok(Some(g));
@@ -705,36 +822,41 @@ impl Backend for ZooKeeperBackend {
             Mode::Semaphore { permits } => format!("{}\t{permits}", req.owner),
             _ => req.owner.to_string(),
         };
+        let session = inner.session(req.ttl).await?;
         let protected = format!("_c_{}-", uuid::Uuid::new_v4());
         let pending = PendingNode {
             inner: Some(inner.clone()),
+            session: session.clone(),
             lock_path: lock_path.clone(),
             protected: protected.clone(),
         };
         let (name, czxid) = inner
-            .create_node(&lock_path, &protected, kind, data.as_bytes())
+            .create_node(&session, &lock_path, &protected, kind, data.as_bytes())
             .await?;
         let node = format!("{lock_path}/{name}");
         // A key has one permit count while held: created first, checked
         // second, so of two racers with different counts one sees the other.
         if kind == Kind::Permit
-            && let Some(held) = inner.other_count(&lock_path, &name, permits).await?
+            && let Some(held) = inner
+                .other_count(&session, &lock_path, &name, permits)
+                .await?
         {
             pending.delete().await;
             return Err(Error::permits_mismatch(req.key.as_str(), held, permits));
         }
         let Some(checked_at) = inner
-            .wait_turn(&lock_path, &name, permits, deadline)
+            .wait_turn(&session, &lock_path, &name, permits, deadline)
             .await?
         else {
             pending.delete().await;
             return Ok(None);
         };
         pending.keep();
-        let ttl = inner.grant_ttl(req.ttl);
+        let ttl = inner.grant_ttl(req.ttl, &session);
         lock(&inner.holds).insert(
             (req.key.clone(), req.owner.clone()),
             Held {
+                session,
                 node,
                 token: czxid,
                 holds: 1,
@@ -754,76 +876,108 @@ impl Backend for ZooKeeperBackend {
 
     async fn renew(&self, leases: &[LeaseRef]) -> Result<Vec<Renewal>> {
         let inner = &self.inner;
-        match inner.client().state() {
-            zk::SessionState::Expired | zk::SessionState::AuthFailed | zk::SessionState::Closed => {
-                return Ok(leases
-                    .iter()
-                    .map(|_| Renewal::Lost {
-                        reason: "the ZooKeeper session ended; its ephemeral nodes are gone".into(),
-                    })
-                    .collect());
-            }
-            zk::SessionState::Disconnected => {
-                return Err(Error::connection(
-                    NAME,
-                    &inner.address,
-                    "disconnected from ZooKeeper; the session may still recover",
-                ));
-            }
-            _ => {}
-        }
         let start = Instant::now();
-        let nodes: Vec<Option<String>> = {
+        // Each lease's node and the session it lives in.
+        let held: Vec<Option<(String, Arc<Session>)>> = {
             let holds = lock(&inner.holds);
             leases
                 .iter()
                 .map(|l| {
                     holds
                         .get(&(l.key.clone(), l.owner.clone()))
-                        .map(|h| h.node.clone())
+                        .map(|h| (h.node.clone(), h.session.clone()))
                 })
                 .collect()
         };
-        let client = inner.client();
-        let mut reader = client.new_multi_reader();
-        for n in nodes.iter().flatten() {
-            reader.add_get_data(n).map_err(|e| inner.err(e))?;
+        let mut out: Vec<Option<Renewal>> = vec![None; leases.len()];
+        let mut sessions: Vec<Arc<Session>> = Vec::new();
+        for (_, s) in held.iter().flatten() {
+            if !sessions.iter().any(|x| Arc::ptr_eq(x, s)) {
+                sessions.push(s.clone());
+            }
         }
-        let mut results = reader.commit().await.map_err(|e| inner.err(e))?.into_iter();
-        let session = inner.client().session_id().0;
-        let mut out = Vec::with_capacity(leases.len());
-        let mut holds = lock(&inner.holds);
-        for (lease, node) in leases.iter().zip(nodes) {
-            let Some(_) = node else {
-                out.push(Renewal::Lost {
-                    reason:
-                        "this client no longer holds it (released, or its TTL ran out unrenewed)"
-                            .into(),
-                });
-                continue;
+        // One multi-read per session, through that session: its state says
+        // whether its nodes can still be alive, the nodes' owners say whether
+        // they are this session's.
+        for session in &sessions {
+            let of_session: Vec<usize> = (0..leases.len())
+                .filter(|&i| matches!(&held[i], Some((_, s)) if Arc::ptr_eq(s, session)))
+                .collect();
+            let client = session.client();
+            let verdict = match client.state() {
+                zk::SessionState::Expired
+                | zk::SessionState::AuthFailed
+                | zk::SessionState::Closed => Some(Renewal::Lost {
+                    reason: "the ZooKeeper session ended; its ephemeral nodes are gone".into(),
+                }),
+                zk::SessionState::Disconnected => Some(Renewal::Unknown {
+                    reason: "disconnected from ZooKeeper; the session may still recover".into(),
+                }),
+                _ => None,
             };
-            let ours = matches!(results.next(), Some(zk::MultiReadResult::Data { stat, .. }) if stat.ephemeral_owner == session);
-            let id = (lease.key.clone(), lease.owner.clone());
-            if ours && let Some(h) = holds.get_mut(&id) {
-                h.renewed_until = start + h.ttl;
-                out.push(Renewal::Held {
-                    ttl: inner.grant_ttl(h.ttl),
-                });
-            } else {
-                holds.remove(&id);
-                out.push(Renewal::Lost {
-                    reason: "the lock node is gone (deleted, or the session that owned it expired)"
-                        .into(),
+            if let Some(v) = verdict {
+                for &i in &of_session {
+                    out[i] = Some(v.clone());
+                }
+                continue;
+            }
+            let mut reader = client.new_multi_reader();
+            for &i in &of_session {
+                if let Some((node, _)) = &held[i] {
+                    reader.add_get_data(node).map_err(|e| inner.err(e))?;
+                }
+            }
+            let results = match reader.commit().await {
+                Ok(r) => r,
+                Err(e) => {
+                    for &i in &of_session {
+                        out[i] = Some(Renewal::Unknown {
+                            reason: format!("ZooKeeper did not answer: {e}"),
+                        });
+                    }
+                    continue;
+                }
+            };
+            let id = session.id();
+            let mut holds = lock(&inner.holds);
+            for (&i, result) in of_session.iter().zip(results) {
+                let ours = matches!(result, zk::MultiReadResult::Data { stat, .. } if stat.ephemeral_owner == id);
+                let key = (leases[i].key.clone(), leases[i].owner.clone());
+                out[i] = Some(match holds.get_mut(&key) {
+                    Some(h) if ours && Arc::ptr_eq(&h.session, session) => {
+                        h.renewed_until = start + h.ttl;
+                        Renewal::Held {
+                            ttl: inner.grant_ttl(h.ttl, session),
+                        }
+                    }
+                    _ => {
+                        if !ours {
+                            holds.remove(&key);
+                        }
+                        Renewal::Lost {
+                            reason: "the lock node is gone (deleted, or the session that owned it expired)"
+                                .into(),
+                        }
+                    }
                 });
             }
         }
-        Ok(out)
+        Ok(out
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| Renewal::Lost {
+                    reason:
+                        "this client no longer holds it (released, or its TTL ran out unrenewed)"
+                            .into(),
+                })
+            })
+            .collect())
     }
 
     async fn release(&self, lease: &LeaseRef) -> Result<Released> {
         let inner = &self.inner;
         let id = (lease.key.clone(), lease.owner.clone());
-        let node = {
+        let (node, session) = {
             let mut holds = lock(&inner.holds);
             let not_held = || Error::NotHeld {
                 key: lease.key.to_string(),
@@ -834,12 +988,13 @@ impl Backend for ZooKeeperBackend {
                 h.holds -= 1;
                 return Ok(Released::new(h.holds));
             }
-            holds.remove(&id).ok_or_else(not_held)?.node
+            let h = holds.remove(&id).ok_or_else(not_held)?;
+            (h.node, h.session)
         };
         let mut tries = 0;
         loop {
             tries += 1;
-            match inner.client().delete(&node, None).await {
+            match session.client().delete(&node, None).await {
                 Ok(()) => return Ok(Released::new(0)),
                 Err(zk::Error::NoNode) => {
                     return Err(Error::NotHeld {
@@ -852,7 +1007,7 @@ impl Backend for ZooKeeperBackend {
                 }
                 Err(e) => {
                     // The janitor keeps trying; the session's end deletes it anyway.
-                    lock(&inner.orphans).push(node);
+                    lock(&inner.orphans).push((node, session));
                     return Err(inner.err(e));
                 }
             }
@@ -862,7 +1017,8 @@ impl Backend for ZooKeeperBackend {
     async fn inspect(&self, key: &Key) -> Result<Option<LockInfo>> {
         let inner = &self.inner;
         let path = inner.lock_path(key);
-        let children = match inner.client().list_children(&path).await {
+        let client = inner.synced(&path).await?;
+        let children = match client.list_children(&path).await {
             Ok(c) => c,
             Err(zk::Error::NoNode) => return Ok(None),
             Err(e) => return Err(inner.err(e)),
@@ -875,7 +1031,7 @@ impl Backend for ZooKeeperBackend {
         let mut holders = Vec::new();
         for (i, n) in nodes.iter().enumerate() {
             let full = format!("{path}/{}", n.name);
-            let Ok((data, stat)) = inner.client().get_data(&full).await else {
+            let Ok((data, stat)) = client.get_data(&full).await else {
                 continue;
             };
             let data = String::from_utf8_lossy(&data);
@@ -899,7 +1055,8 @@ impl Backend for ZooKeeperBackend {
     async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
         let inner = &self.inner;
         let children = inner
-            .client()
+            .synced(&inner.options.prefix)
+            .await?
             .list_children(&inner.options.prefix)
             .await
             .map_err(|e| inner.err(e))?;

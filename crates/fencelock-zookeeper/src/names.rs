@@ -3,26 +3,51 @@
 
 use fencelock_core::{Mode, QueueRole, QueueWait, queue_blocker};
 
-/// What a lock node stands for. The name fragments are Curator's.
+use crate::options::Writer;
+
+/// What a lock node stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
     /// `InterProcessMutex`: `lock-`.
     Mutex,
     /// `InterProcessReadWriteLock`'s write lock: `__WRIT__`.
     Write,
-    /// `InterProcessReadWriteLock`'s read lock: `__READ__`.
+    /// A read lock: `__READ__lock-` beside `InterProcessMutex`es,
+    /// `__READ__` (`InterProcessReadWriteLock`'s read lock) beside its writers.
     Read,
-    /// fencelock's semaphore permit: `__SEMA__`.
+    /// fencelock's semaphore permit: `__SEMA__lock-` beside
+    /// `InterProcessMutex`es, `__SEMA____WRIT__` beside read-write locks.
     Permit,
 }
 
+/// Every name fragment a lock node may end in (before its sequence), most
+/// specific first, with its kind. The `__READ__` and `__SEMA__` fragments
+/// without a suffix are the names of earlier fencelock versions.
+const FRAGMENTS: [(&str, Kind); 7] = [
+    ("__READ__lock-", Kind::Read),
+    ("__SEMA__lock-", Kind::Permit),
+    ("__SEMA____WRIT__", Kind::Permit),
+    ("lock-", Kind::Mutex),
+    ("__WRIT__", Kind::Write),
+    ("__READ__", Kind::Read),
+    ("__SEMA__", Kind::Permit),
+];
+
 impl Kind {
-    pub(crate) fn fragment(self) -> &'static str {
-        match self {
-            Kind::Mutex => "lock-",
-            Kind::Write => "__WRIT__",
-            Kind::Read => "__READ__",
-            Kind::Permit => "__SEMA__",
+    /// The name fragment of a new node of this kind among the exclusive
+    /// nodes `writer` makes. Curator sorts a lock's children by what follows
+    /// the last occurrence of its own fragment (`lock-` for a mutex; `__READ__`
+    /// then `__WRIT__` for a read-write lock), so a node it must wait for ends
+    /// in that fragment: else it sorts after every node of its own and is
+    /// ignored.
+    pub(crate) fn fragment(self, writer: Writer) -> &'static str {
+        match (self, writer) {
+            (Kind::Mutex, _) => "lock-",
+            (Kind::Write, _) => "__WRIT__",
+            (Kind::Read, Writer::ReadWriteLock) => "__READ__",
+            (Kind::Read, _) => "__READ__lock-",
+            (Kind::Permit, Writer::ReadWriteLock) => "__SEMA____WRIT__",
+            (Kind::Permit, _) => "__SEMA__lock-",
         }
     }
 
@@ -51,9 +76,10 @@ pub(crate) fn parse_node(name: &str) -> Option<LockNode> {
         return None;
     }
     let (stem, seq) = name.split_at(name.len() - digits);
-    let kind = [Kind::Mutex, Kind::Write, Kind::Read, Kind::Permit]
-        .into_iter()
-        .find(|k| stem.ends_with(k.fragment()))?;
+    let kind = FRAGMENTS
+        .iter()
+        .find(|(f, _)| stem.ends_with(f))
+        .map(|&(_, k)| k)?;
     Some(LockNode {
         name: name.to_string(),
         kind,
@@ -163,6 +189,45 @@ mod tests {
         );
         assert_eq!(parse_node("leases"), None);
         assert_eq!(parse_node("lock-12"), None);
+    }
+
+    /// What Curator's (and kazurator's) sort key makes of a child name: what
+    /// follows the last occurrence of the lock name, or the whole name.
+    fn curator_sort_key<'a>(name: &'a str, lock_name: &str) -> &'a str {
+        name.rfind(lock_name)
+            .map_or(name, |i| &name[i + lock_name.len()..])
+    }
+
+    #[test]
+    fn every_node_a_curator_peer_must_wait_for_sorts_by_its_sequence() {
+        for writer in [Writer::Mutex, Writer::ReadWriteLock] {
+            for kind in [Kind::Mutex, Kind::Write, Kind::Read, Kind::Permit] {
+                let name = format!("_c_u-{}0000000007", kind.fragment(writer));
+                let parsed = parse_node(&name).unwrap();
+                assert_eq!((parsed.kind, parsed.sequence), (kind, 7), "{name}");
+            }
+            let exclusive = match writer {
+                Writer::Mutex => Kind::Mutex,
+                _ => Kind::Write,
+            };
+            let ours = [exclusive, Kind::Read, Kind::Permit]
+                .map(|k| format!("_c_u-{}0000000007", k.fragment(writer)));
+            for name in ours {
+                let key = match writer {
+                    // InterProcessMutex: by what follows `lock-`.
+                    Writer::Mutex => curator_sort_key(&name, "lock-"),
+                    // InterProcessReadWriteLock: `__READ__`, then `__WRIT__`.
+                    _ => curator_sort_key(curator_sort_key(&name, "__READ__"), "__WRIT__"),
+                };
+                assert_eq!(key, "0000000007", "{name} under {writer:?}");
+            }
+        }
+        // A permit beside read-write locks is a writer to Curator's readers.
+        assert!(
+            Kind::Permit
+                .fragment(Writer::ReadWriteLock)
+                .contains("__WRIT__")
+        );
     }
 
     #[test]

@@ -20,7 +20,7 @@ pub enum Writer {
 /// | URL option | default | meaning |
 /// |---|---|---|
 /// | `prefix=` | `/fencelock` | parent path of every lock (`<prefix>/<escaped key>`) |
-/// | `session_timeout=` | 10 s | the ZooKeeper session timeout (what a lost holder costs) |
+/// | `session_timeout=` | 10 s | the longest ZooKeeper session: a hold of TTL `t` lives in a session of `min(ceil(t), session_timeout)`, which is what a lost holder costs |
 /// | `connect_timeout=` | 5 s | how long `connect` waits |
 /// | `writer=mutex\|rwlock` | `mutex` | name exclusive nodes as Curator's `InterProcessMutex` or as the write lock of its `InterProcessReadWriteLock` |
 /// | `ttl=` | – | default TTL of holds |

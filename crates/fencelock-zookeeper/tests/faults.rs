@@ -5,7 +5,8 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fencelock_core::{Error, Key, Locker};
+use fencelock_core::{Error, FencingToken, Key, Locker, Result, async_trait};
+use fencelock_testkit::faults::{self, FaultHarness};
 use fencelock_testkit::{Signal, send_signal};
 use fencelock_zookeeper::ZooKeeperBackend;
 
@@ -63,6 +64,39 @@ async fn fifty_waiters_one_wake_up_per_release() {
     let woken: u64 = backends.iter().map(|b| b.watch_events()).sum();
     // 50 releases (the holder's and 49 waiters') each woke exactly one waiter.
     assert_eq!(woken, 50, "{woken} watch events for 50 releases: a herd");
+}
+
+/// The testkit's fault scenarios against the standalone server.
+struct Zk;
+
+#[async_trait]
+impl FaultHarness for Zk {
+    async fn locker(&self, url: &str) -> Result<Locker> {
+        Ok(Locker::new(ZooKeeperBackend::connect(url).await?))
+    }
+
+    async fn fenced_write(&self, key: &str, token: FencingToken) -> Result<bool> {
+        Ok(fenced_write(&format!("/fencelock-test-resources/{key}"), token.get()).await)
+    }
+}
+
+#[test]
+#[ignore = "holder process of the testkit's SIGKILL scenarios"]
+fn holder_worker() {
+    faults::holder_worker(Zk);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_holder_costs_its_own_ttl_not_the_session_timeout() {
+    // The default session_timeout (10 s) is the session of long holds; a hold
+    // of 2 s lives in a session of 2 s, so its holder's death frees it after
+    // ~2 s (the test servers' tickTime of 500 ms allows sessions from 1 s).
+    faults::killed_holder_frees_after_its_ttl(&Zk, "zk://127.0.0.1:2181").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_holder_of_a_long_ttl_frees_after_the_session_timeout() {
+    faults::killed_session_holder_frees_at_once(&Zk, STANDALONE).await;
 }
 
 /// The holder process of the SIGSTOP test; does nothing unless spawned by it.

@@ -177,3 +177,127 @@ async fn with_writer_rwlock_fencelock_exclusive_locks_block_kazurator_readers_an
     );
     kz.release().await;
 }
+
+/// A fencelock request mode of the interop matrix.
+#[derive(Debug, Clone, Copy)]
+enum FlMode {
+    Exclusive,
+    Shared,
+    Semaphore,
+}
+
+/// What one cell of the matrix promises.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Cell {
+    /// Each excludes the other, whoever comes first.
+    Excludes,
+    /// Both hold at once (readers).
+    Shares,
+    /// fencelock waits for the kazurator holder, but kazurator does not see
+    /// fencelock's node (its recipe sorts it after its own): do not mix.
+    OneWay,
+}
+
+/// The matrix the README states: (writer option, fencelock mode, kazurator
+/// recipe) → what holds.
+const MATRIX: [(&str, FlMode, &str, Cell); 18] = [
+    ("mutex", FlMode::Exclusive, "mutex", Cell::Excludes),
+    ("mutex", FlMode::Exclusive, "read", Cell::OneWay),
+    ("mutex", FlMode::Exclusive, "write", Cell::OneWay),
+    ("mutex", FlMode::Shared, "mutex", Cell::Excludes),
+    ("mutex", FlMode::Shared, "read", Cell::Shares),
+    ("mutex", FlMode::Shared, "write", Cell::OneWay),
+    ("mutex", FlMode::Semaphore, "mutex", Cell::Excludes),
+    ("mutex", FlMode::Semaphore, "read", Cell::OneWay),
+    ("mutex", FlMode::Semaphore, "write", Cell::OneWay),
+    ("rwlock", FlMode::Exclusive, "mutex", Cell::OneWay),
+    ("rwlock", FlMode::Exclusive, "read", Cell::Excludes),
+    ("rwlock", FlMode::Exclusive, "write", Cell::Excludes),
+    ("rwlock", FlMode::Shared, "mutex", Cell::OneWay),
+    ("rwlock", FlMode::Shared, "read", Cell::Shares),
+    ("rwlock", FlMode::Shared, "write", Cell::Excludes),
+    ("rwlock", FlMode::Semaphore, "mutex", Cell::OneWay),
+    ("rwlock", FlMode::Semaphore, "read", Cell::Excludes),
+    ("rwlock", FlMode::Semaphore, "write", Cell::Excludes),
+];
+
+async fn fl_try(fl: &Locker, k: &str, mode: FlMode) -> Option<fencelock_core::Guard> {
+    let b = match mode {
+        FlMode::Exclusive => fl.lock(k),
+        FlMode::Shared => fl.read_lock(k),
+        FlMode::Semaphore => fl.semaphore(k, 2),
+    };
+    b.try_acquire().await.unwrap()
+}
+
+/// One cell, both ways round: fencelock first, then kazurator first.
+async fn check_cell(writer: &str, mode: FlMode, recipe: &str, cell: Cell) {
+    let what = format!("writer={writer} {mode:?} × kazurator {recipe}");
+    let k = key(&format!("matrix-{writer}-{mode:?}-{recipe}"));
+    let path = format!("/fencelock/{k}");
+    let fl = locker(&format!("&writer={writer}")).await;
+
+    // fencelock holds; kazurator tries.
+    if cell != Cell::OneWay {
+        let g = fl_try(&fl, &k, mode)
+            .await
+            .expect("fencelock on a free lock");
+        let patience = if cell == Cell::Excludes { 1 } else { 20 };
+        let mut kz = Kazurator::start(&path, recipe, Duration::from_secs(patience));
+        let said = kz.said().await;
+        match cell {
+            Cell::Excludes => {
+                assert_eq!(said, "timeout", "{what}: kazurator got in beside fencelock")
+            }
+            _ => {
+                assert_eq!(
+                    said, "acquired",
+                    "{what}: kazurator was refused a shared hold"
+                );
+                kz.release().await;
+            }
+        }
+        g.release().await.unwrap();
+    }
+
+    // kazurator holds; fencelock tries.
+    let mut kz = Kazurator::start(&path, recipe, Duration::from_secs(20));
+    assert_eq!(
+        kz.said().await,
+        "acquired",
+        "{what}: kazurator on a free lock"
+    );
+    let got = fl_try(&fl, &k, mode).await;
+    assert_eq!(
+        got.is_some(),
+        cell == Cell::Shares,
+        "{what}: fencelock {}",
+        if got.is_some() {
+            "got in beside kazurator"
+        } else {
+            "was refused a shared hold"
+        }
+    );
+    if let Some(g) = got {
+        g.release().await.unwrap();
+    }
+    kz.release().await;
+}
+
+/// Every cell of the README's interop matrix, against kazurator.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_interop_matrix_holds_cell_by_cell() {
+    // A few cells at a time: each starts Python twice.
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(3));
+    let mut cells = tokio::task::JoinSet::new();
+    for (writer, mode, recipe, cell) in MATRIX {
+        let gate = gate.clone();
+        cells.spawn(async move {
+            let _turn = gate.acquire().await.unwrap();
+            check_cell(writer, mode, recipe, cell).await;
+        });
+    }
+    while let Some(done) = cells.join_next().await {
+        done.unwrap();
+    }
+}
