@@ -15,12 +15,14 @@ use support::Cluster;
 async fn killing_the_leader_keeps_held_locks_and_grants_follow_the_election() {
     let mut cluster = Cluster::start(3).await;
     // A hold survives an outage shorter than about 2/3 of its TTL (renewals
-    // every third of it): 8 s rides out an election on a loaded machine.
-    let url = cluster.url("session_ttl=10s");
+    // every third of it): 12 s rides out an election on a loaded machine. A
+    // request waits for the election up to its timeout: 20 s (a CI run saw an
+    // election outlast the default 5 s while the machine compiled).
+    let url = cluster.url("session_ttl=15s&request_timeout=20s");
     let a = Locker::new(EtcdBackend::connect(&url).await.unwrap());
     let b = Locker::new(EtcdBackend::connect(&url).await.unwrap());
     let c = Locker::new(EtcdBackend::connect(&url).await.unwrap());
-    let ttl = Duration::from_secs(8);
+    let ttl = Duration::from_secs(12);
     let held = a.lock("held").ttl(ttl).acquire().await.unwrap();
     let token = held.token().unwrap();
     let waiter = tokio::spawn({
