@@ -6,10 +6,37 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use fencelock_core::{
-    Backend, Error, Key, LeaseRef, Locker, LostReason, Mode, Owner, Renewal, Request,
+    Backend, Error, FencingToken, Key, LeaseRef, Locker, LostReason, Mode, Owner, Renewal, Request,
+    Result, async_trait,
 };
 use fencelock_memcached::MemcachedBackend;
+use fencelock_testkit::faults::{self, FaultHarness};
 use fencelock_testkit::{ServerProcess, free_port};
+
+/// The testkit's holder-process scenarios (no tokens, so no fenced write).
+struct Memcached;
+
+#[async_trait]
+impl FaultHarness for Memcached {
+    async fn locker(&self, url: &str) -> Result<Locker> {
+        Ok(Locker::new(MemcachedBackend::connect(url).await?))
+    }
+
+    async fn fenced_write(&self, _key: &str, _token: FencingToken) -> Result<bool> {
+        Err(Error::config("memcached gives no fencing tokens"))
+    }
+}
+
+#[test]
+#[ignore = "holder process of the testkit's SIGKILL scenario"]
+fn holder_worker() {
+    faults::holder_worker(Memcached);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_holder_frees_the_lock_after_its_ttl() {
+    faults::killed_holder_frees_after_its_ttl(&Memcached, "memcached://127.0.0.1:11211").await;
+}
 
 fn memcached(port: u16) -> ServerProcess {
     let mut cmd = Command::new("memcached");

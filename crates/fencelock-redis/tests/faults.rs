@@ -1,14 +1,13 @@
 //! Fault tests of the Redis backend, each on a private server (or a proxy in
 //! front of one) so that killing it hurts nobody else.
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fencelock_core::{Backend, Error, Key, LeaseRef, Locker, LostReason, Mode, Owner, Request};
 use fencelock_redis::RedisBackend;
-use fencelock_testkit::{FaultProxy, ServerProcess, Signal, free_port, send_signal};
+use fencelock_testkit::{FaultProxy, ServerProcess, free_port};
 
 const SHARED: &str = "redis://127.0.0.1:6379";
 
@@ -154,79 +153,6 @@ async fn script_flush_mid_run_still_works() {
         g.release().await.expect("release after SCRIPT FLUSH");
     }
     flusher.await.unwrap();
-}
-
-/// The entry point of holder processes; does nothing unless spawned by a test.
-#[test]
-#[ignore = "holder process of sigkilled_holder_frees_the_lock_after_its_ttl"]
-fn holder_worker() {
-    let Ok(key) = std::env::var("FENCELOCK_REDIS_HOLD_KEY") else {
-        return;
-    };
-    tokio::runtime::Runtime::new()
-        .unwrap()
-        .block_on(async move {
-            let locker = Locker::new(RedisBackend::connect(SHARED).await.unwrap());
-            let g = locker
-                .lock(&key)
-                .ttl(Duration::from_secs(1))
-                .acquire()
-                .await
-                .unwrap();
-            println!("acquired {}", g.token().unwrap());
-            tokio::time::sleep(Duration::from_secs(600)).await;
-        });
-}
-
-#[tokio::test]
-async fn sigkilled_holder_frees_the_lock_after_its_ttl() {
-    let key = unique("sigkill");
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--ignored",
-            "--exact",
-            "holder_worker",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
-        .env("FENCELOCK_REDIS_HOLD_KEY", &key)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    let token: u64 = loop {
-        line.clear();
-        if out.read_line(&mut line).unwrap_or(0) == 0 {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("holder exited before acquiring");
-        }
-        if let Some((_, t)) = line.trim().split_once("acquired ") {
-            break t.parse().unwrap();
-        }
-    };
-    let locker = Locker::new(RedisBackend::connect(SHARED).await.unwrap());
-    assert!(
-        locker.lock(&key).try_acquire().await.unwrap().is_none(),
-        "held by the worker"
-    );
-    send_signal(child.id(), Signal::SIGKILL).unwrap();
-    child.wait().unwrap();
-    let start = Instant::now();
-    let g = locker
-        .lock(&key)
-        .wait(Duration::from_secs(20))
-        .acquire()
-        .await
-        .unwrap();
-    assert!(
-        start.elapsed() >= Duration::from_millis(200),
-        "freed at once, not by the TTL"
-    );
-    assert!(g.token().unwrap().get() > token);
-    g.release().await.unwrap();
 }
 
 /// A backend whose connection goes through `proxy`, with a short response timeout.
