@@ -53,10 +53,20 @@
 //! its own TTL. The server may raise a session's timeout to its
 //! `minSessionTimeout` (2 × `tickTime` by default, 4 s with the default
 //! `tickTime` of 2 s) or lower it to `maxSessionTimeout`: a dead holder then
-//! costs the negotiated timeout, and a hold's validity never exceeds it.
-//! Renewal is the session's heartbeat, and the watchdog's renew checks (in
-//! one multi-read per session and tick) that each node still exists and
-//! belongs to its session. Session expiry — or a
+//! costs the negotiated timeout. A hold's validity is at most 3/4 of the
+//! negotiated timeout: followers report their sessions' heartbeats to the
+//! leader every half tick, and a timeout is at least two ticks, so the leader
+//! may count a session's timeout from up to a quarter of it before this
+//! client's check. Renewal is the session's heartbeat, and the watchdog's
+//! renew checks (with a `sync` and one multi-read per session and tick) that
+//! each node still exists and belongs to its session: the `sync` makes a
+//! server cut off from the leader — which answers reads from stale state for
+//! `syncLimit` ticks while the leader expires the session — fail the renewal
+//! instead of confirming a node the leader has deleted. A waiter's deciding
+//! read is synced the same way (the first read after its own create needs
+//! no sync: it is no older than the create). A release whose future is
+//! dropped before its delete is answered hands the node to this client's
+//! janitor, which deletes it. Session expiry — or a
 //! disconnection that outlasts the hold's validity — fires `lost()`; a short
 //! disconnection that recovers does not (Curator's SUSPENDED vs LOST). A hold's
 //! TTL also applies on this client: a hold nobody renews for its TTL (a leaked
@@ -223,6 +233,17 @@ impl Drop for PendingNode {
             } else {
                 lock(&inner.orphans).push((format!("{lock_path}/{protected}*"), session));
             }
+        }
+    }
+}
+
+/// A node whose delete did not finish: handed to the janitor when dropped.
+struct Orphan(Option<(Arc<Inner>, String, Arc<Session>)>);
+
+impl Drop for Orphan {
+    fn drop(&mut self) {
+        if let Some((inner, node, session)) = self.0.take() {
+            lock(&inner.orphans).push((node, session));
         }
     }
 }
@@ -464,14 +485,37 @@ impl Inner {
     async fn wait_turn(
         &self,
         session: &Session,
+        created: Instant,
         lock_path: &str,
         name: &str,
         permits: u32,
         deadline: Option<Instant>,
     ) -> Result<Option<Instant>> {
+        let mut first = true;
         loop {
             let client = session.client();
-            let sent = Instant::now();
+            // The first look follows this session's own create, which reached
+            // the leader after `created`: what it shows is no older than that,
+            // and the session lived then. A later look may be served by a
+            // server cut off from the leader (stale for up to syncLimit
+            // ticks, while the leader expires this session): `sync` first, so
+            // the look is as new as the leader's state when it was sent.
+            let sent = if std::mem::take(&mut first) {
+                created
+            } else {
+                let sent = Instant::now();
+                match client.sync(lock_path).await {
+                    Ok(()) => {}
+                    Err(zk::Error::ConnectionLoss)
+                        if deadline.is_none_or(|d| Instant::now() < d) =>
+                    {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                    Err(e) => return Err(self.err(e)),
+                }
+                sent
+            };
             let children = match client.list_children(lock_path).await {
                 Ok(c) => c,
                 Err(zk::Error::ConnectionLoss) if deadline.is_none_or(|d| Instant::now() < d) => {
@@ -503,14 +547,12 @@ impl Inner {
                     Err(e) => return Err(self.err(e)),
                 },
                 Some(Wait::Children) => {
-                    let sent = Instant::now();
                     match client.get_and_watch_children(lock_path).await {
                         Ok((now, _, w)) => {
                             let nodes = sorted_nodes(&now);
                             match nodes.iter().position(|n| n.name == name) {
-                                Some(i) if blocker(&nodes, i, permits).is_none() => {
-                                    return Ok(Some(sent));
-                                }
+                                // Free meanwhile: look again, synced.
+                                Some(i) if blocker(&nodes, i, permits).is_none() => continue,
                                 _ => w,
                             }
                         }
@@ -596,11 +638,91 @@ impl Inner {
         }
     }
 
-    /// A hold's TTL in `session`: at most the session timeout the server
-    /// granted (which may be below the one asked for, `maxSessionTimeout`),
-    /// since the session's end ends the hold.
+    /// Renews the holds `of_session` (index into `leases`, node) of one
+    /// session: a `sync` (so a server cut off from the leader, which would
+    /// answer from stale state while the leader expires the session, fails
+    /// instead), then one multi-read through that session, whose nodes must
+    /// still be its own. The validity counts from before the `sync`.
+    async fn renew_session(
+        &self,
+        leases: &[LeaseRef],
+        session: &Arc<Session>,
+        of_session: Vec<(usize, String)>,
+    ) -> Vec<(usize, Renewal)> {
+        let all = |r: Renewal| of_session.iter().map(|(i, _)| (*i, r.clone())).collect();
+        let client = session.client();
+        match client.state() {
+            zk::SessionState::Expired | zk::SessionState::AuthFailed | zk::SessionState::Closed => {
+                return all(Renewal::Lost {
+                    reason: "the ZooKeeper session ended; its ephemeral nodes are gone".into(),
+                });
+            }
+            zk::SessionState::Disconnected => {
+                return all(Renewal::Unknown {
+                    reason: "disconnected from ZooKeeper; the session may still recover".into(),
+                });
+            }
+            _ => {}
+        }
+        let start = Instant::now();
+        if let Err(e) = client.sync("/").await {
+            return all(Renewal::Unknown {
+                reason: format!("ZooKeeper did not sync with its leader: {e}"),
+            });
+        }
+        let mut reader = client.new_multi_reader();
+        for (_, node) in &of_session {
+            if let Err(e) = reader.add_get_data(node) {
+                return all(Renewal::Unknown {
+                    reason: format!("cannot read {node}: {e}"),
+                });
+            }
+        }
+        let results = match reader.commit().await {
+            Ok(r) => r,
+            Err(e) => {
+                return all(Renewal::Unknown {
+                    reason: format!("ZooKeeper did not answer: {e}"),
+                });
+            }
+        };
+        let id = session.id();
+        let mut holds = lock(&self.holds);
+        of_session
+            .iter()
+            .zip(results)
+            .map(|((i, node), result)| {
+                let ours = matches!(result, zk::MultiReadResult::Data { stat, .. } if stat.ephemeral_owner == id);
+                let key = (leases[*i].key.clone(), leases[*i].owner.clone());
+                let renewal = match holds.get_mut(&key) {
+                    Some(h) if ours && h.node == *node => {
+                        h.renewed_until = start + h.ttl;
+                        Renewal::Held { ttl: h.ttl }
+                    }
+                    _ => {
+                        if !ours && holds.get(&key).is_some_and(|h| h.node == *node) {
+                            holds.remove(&key);
+                        }
+                        Renewal::Lost {
+                            reason: "the lock node is gone (deleted, or the session that owned it expired)"
+                                .into(),
+                        }
+                    }
+                };
+                (*i, renewal)
+            })
+            .collect()
+    }
+
+    /// A hold's TTL in `session`: at most 3/4 of the session timeout the
+    /// server granted (which may be below the one asked for,
+    /// `maxSessionTimeout`), since the session's end ends the hold. The
+    /// quarter is the leader's lag: a follower reports its sessions'
+    /// heartbeats to the leader every half tick, and a timeout is at least
+    /// two ticks, so the leader may count a session's timeout from up to a
+    /// quarter of it before the check this client counts from.
     fn grant_ttl(&self, ttl: Duration, session: &Session) -> Duration {
-        ttl.min(session.client().session_timeout())
+        ttl.min(session.client().session_timeout().mul_f64(0.75))
     }
 }
 
@@ -739,7 +861,12 @@ impl ZooKeeperBackend {
             (h.node.clone(), h.session.clone())
         };
         let (node, session) = node;
-        let ours = match session.client().check_stat(&node).await {
+        // Synced first: a server cut off from the leader may still show a
+        // node whose session the leader has expired.
+        let client = session.client();
+        let checked_at = Instant::now();
+        client.sync("/").await.map_err(|e| inner.err(e))?;
+        let ours = match client.check_stat(&node).await {
             Ok(Some(stat)) => stat.ephemeral_owner == session.id(),
             Ok(None) => false,
             Err(e) => return Err(inner.err(e)),
@@ -757,8 +884,10 @@ impl ZooKeeperBackend {
         if req.reentrant {
             h.holds += 1;
         }
-        h.renewed_until = h.renewed_until.max(Instant::now() + req.ttl);
         let ttl = self.inner.grant_ttl(req.ttl, &session);
+        // The holds of one owner keep the longest TTL among them.
+        h.ttl = h.ttl.max(ttl);
+        h.renewed_until = h.renewed_until.max(checked_at + ttl);
         Ok(Some(Grant::new(
             Some(FencingToken::new(h.token)),
             ttl,
@@ -830,6 +959,7 @@ impl Backend for ZooKeeperBackend {
             lock_path: lock_path.clone(),
             protected: protected.clone(),
         };
+        let created = Instant::now();
         let (name, czxid) = inner
             .create_node(&session, &lock_path, &protected, kind, data.as_bytes())
             .await?;
@@ -845,7 +975,7 @@ impl Backend for ZooKeeperBackend {
             return Err(Error::permits_mismatch(req.key.as_str(), held, permits));
         }
         let Some(checked_at) = inner
-            .wait_turn(&session, &lock_path, &name, permits, deadline)
+            .wait_turn(&session, created, &lock_path, &name, permits, deadline)
             .await?
         else {
             pending.delete().await;
@@ -861,8 +991,8 @@ impl Backend for ZooKeeperBackend {
                 token: czxid,
                 holds: 1,
                 mode: req.mode,
-                ttl: req.ttl,
-                renewed_until: Instant::now() + req.ttl,
+                ttl,
+                renewed_until: checked_at + ttl,
             },
         );
         // Valid from the read that showed the node holding.
@@ -876,7 +1006,6 @@ impl Backend for ZooKeeperBackend {
 
     async fn renew(&self, leases: &[LeaseRef]) -> Result<Vec<Renewal>> {
         let inner = &self.inner;
-        let start = Instant::now();
         // Each lease's node and the session it lives in.
         let held: Vec<Option<(String, Arc<Session>)>> = {
             let holds = lock(&inner.holds);
@@ -889,78 +1018,29 @@ impl Backend for ZooKeeperBackend {
                 })
                 .collect()
         };
-        let mut out: Vec<Option<Renewal>> = vec![None; leases.len()];
         let mut sessions: Vec<Arc<Session>> = Vec::new();
         for (_, s) in held.iter().flatten() {
             if !sessions.iter().any(|x| Arc::ptr_eq(x, s)) {
                 sessions.push(s.clone());
             }
         }
-        // One multi-read per session, through that session: its state says
-        // whether its nodes can still be alive, the nodes' owners say whether
-        // they are this session's.
-        for session in &sessions {
-            let of_session: Vec<usize> = (0..leases.len())
-                .filter(|&i| matches!(&held[i], Some((_, s)) if Arc::ptr_eq(s, session)))
+        // Each session on its own, all at once: one that stalls (its server
+        // cut off) holds up only its own leases.
+        let per_session = futures::future::join_all(sessions.iter().map(|session| {
+            let of_session: Vec<(usize, String)> = held
+                .iter()
+                .enumerate()
+                .filter_map(|(i, h)| match h {
+                    Some((node, s)) if Arc::ptr_eq(s, session) => Some((i, node.clone())),
+                    _ => None,
+                })
                 .collect();
-            let client = session.client();
-            let verdict = match client.state() {
-                zk::SessionState::Expired
-                | zk::SessionState::AuthFailed
-                | zk::SessionState::Closed => Some(Renewal::Lost {
-                    reason: "the ZooKeeper session ended; its ephemeral nodes are gone".into(),
-                }),
-                zk::SessionState::Disconnected => Some(Renewal::Unknown {
-                    reason: "disconnected from ZooKeeper; the session may still recover".into(),
-                }),
-                _ => None,
-            };
-            if let Some(v) = verdict {
-                for &i in &of_session {
-                    out[i] = Some(v.clone());
-                }
-                continue;
-            }
-            let mut reader = client.new_multi_reader();
-            for &i in &of_session {
-                if let Some((node, _)) = &held[i] {
-                    reader.add_get_data(node).map_err(|e| inner.err(e))?;
-                }
-            }
-            let results = match reader.commit().await {
-                Ok(r) => r,
-                Err(e) => {
-                    for &i in &of_session {
-                        out[i] = Some(Renewal::Unknown {
-                            reason: format!("ZooKeeper did not answer: {e}"),
-                        });
-                    }
-                    continue;
-                }
-            };
-            let id = session.id();
-            let mut holds = lock(&inner.holds);
-            for (&i, result) in of_session.iter().zip(results) {
-                let ours = matches!(result, zk::MultiReadResult::Data { stat, .. } if stat.ephemeral_owner == id);
-                let key = (leases[i].key.clone(), leases[i].owner.clone());
-                out[i] = Some(match holds.get_mut(&key) {
-                    Some(h) if ours && Arc::ptr_eq(&h.session, session) => {
-                        h.renewed_until = start + h.ttl;
-                        Renewal::Held {
-                            ttl: inner.grant_ttl(h.ttl, session),
-                        }
-                    }
-                    _ => {
-                        if !ours {
-                            holds.remove(&key);
-                        }
-                        Renewal::Lost {
-                            reason: "the lock node is gone (deleted, or the session that owned it expired)"
-                                .into(),
-                        }
-                    }
-                });
-            }
+            inner.renew_session(leases, session, of_session)
+        }))
+        .await;
+        let mut out: Vec<Option<Renewal>> = vec![None; leases.len()];
+        for (i, r) in per_session.into_iter().flatten() {
+            out[i] = Some(r);
         }
         Ok(out
             .into_iter()
@@ -991,12 +1071,20 @@ impl Backend for ZooKeeperBackend {
             let h = holds.remove(&id).ok_or_else(not_held)?;
             (h.node, h.session)
         };
+        // The hold is no longer in `holds`: if this future is dropped before
+        // the delete is answered, the janitor must delete the node, or its
+        // session's heartbeat keeps it holding for good.
+        let mut unfinished = Orphan(Some((inner.clone(), node.clone(), session.clone())));
         let mut tries = 0;
         loop {
             tries += 1;
             match session.client().delete(&node, None).await {
-                Ok(()) => return Ok(Released::new(0)),
+                Ok(()) => {
+                    unfinished.0 = None;
+                    return Ok(Released::new(0));
+                }
                 Err(zk::Error::NoNode) => {
+                    unfinished.0 = None;
                     return Err(Error::NotHeld {
                         key: lease.key.to_string(),
                         owner: lease.owner.to_string(),
@@ -1005,11 +1093,9 @@ impl Backend for ZooKeeperBackend {
                 Err(zk::Error::ConnectionLoss) if tries < 3 => {
                     tokio::time::sleep(Duration::from_millis(50)).await
                 }
-                Err(e) => {
-                    // The janitor keeps trying; the session's end deletes it anyway.
-                    lock(&inner.orphans).push((node, session));
-                    return Err(inner.err(e));
-                }
+                // The janitor keeps trying (`unfinished` hands it the node);
+                // the session's end deletes it anyway.
+                Err(e) => return Err(inner.err(e)),
             }
         }
     }
