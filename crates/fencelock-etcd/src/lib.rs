@@ -25,8 +25,14 @@
 //! empty) are writers. A waiter's watch starts at the revision of the read that
 //! found it blocked, so a deletion in between is never missed; it also looks
 //! again now and then, so a lost watch costs a delay, never a hang. A waiter
-//! that times out or is cancelled deletes its key. More holds of one key by
-//! this backend at once (readers, permits) add `-<n>` to the key.
+//! that times out or is cancelled deletes its key. An acquire dropped while
+//! its put is unanswered may see that put land after its key's delete (etcd
+//! serves one request's stream and a later delete independently): its name
+//! is never used again while its lease lives, and for a minute the janitor
+//! looks each second at the keys on this client's leases and deletes such a
+//! key. A release dropped before its delete is answered hands the key to
+//! the janitor. More holds of one key by this backend at once (readers,
+//! permits) add `-<n>` to the key.
 //!
 //! # Leases and fencing
 //!
@@ -78,8 +84,9 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, GetResponse, PutOptions,
-    SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions, WatchStream,
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, GetResponse,
+    LeaseTimeToLiveOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+    WatchFilterType, WatchOptions, WatchStream,
 };
 use fencelock_core::{
     Backend, Capabilities, Error, FencingToken, Grant, HolderInfo, Key, LeaseRef, LockInfo, Mode,
@@ -92,6 +99,16 @@ use queue::{Node, Wait, blocker};
 use session::Session;
 
 const NAME: &str = "etcd";
+
+/// How often this client looks at its leases' keys for the puts of dropped
+/// acquires that landed after their key's delete.
+const CANCELLED_SWEEP: Duration = Duration::from_secs(1);
+
+/// How long after a dropped acquire the janitor looks for its late put: well
+/// past etcd's own request timeout (5 s plus two election timeouts), after
+/// which the server has applied or refused the proposal. The name stays
+/// reserved for as long as its lease lives.
+const CANCELLED_WINDOW: Duration = Duration::from_secs(60);
 
 /// How often this client looks for holds whose TTL ran out unrenewed.
 const JANITOR_TICK: Duration = Duration::from_millis(50);
@@ -121,6 +138,15 @@ pub(crate) struct Inner {
     names: Mutex<HashSet<String>>,
     /// Keys to delete that could not be deleted yet.
     orphans: Mutex<Vec<String>>,
+    /// Names of acquires dropped before their put was answered, with the
+    /// lease they were put with: such a put may still land after the drop's
+    /// delete (etcd serves a request's stream and a later delete
+    /// independently), so these names are never used again and a key of one
+    /// found on this client's lease is deleted (the janitor looks every
+    /// second, for [`CANCELLED_WINDOW`] or until the lease ends).
+    cancelled: Mutex<Vec<(String, i64, Instant)>>,
+    /// When the janitor last looked for `cancelled` keys.
+    cancelled_swept: Mutex<Option<Instant>>,
     next_name: AtomicU64,
     watch_events: AtomicU64,
 }
@@ -185,6 +211,8 @@ fn etcd_err(e: etcd_client::Error, addr: &str) -> Error {
 struct PendingNode {
     inner: Option<Arc<Inner>>,
     key: String,
+    /// The lease the key is put with.
+    lease: i64,
 }
 
 impl PendingNode {
@@ -207,11 +235,29 @@ impl Drop for PendingNode {
     fn drop(&mut self) {
         if let Some(inner) = self.inner.take() {
             let key = std::mem::take(&mut self.key);
+            // The put may be in flight still: never reuse the name, and keep
+            // looking for a key of it (see `Inner::cancelled`).
+            lock(&inner.cancelled).push((
+                key.clone(),
+                self.lease,
+                Instant::now() + CANCELLED_WINDOW,
+            ));
             if let Ok(h) = tokio::runtime::Handle::try_current() {
                 h.spawn(async move { inner.delete_node(&key).await });
             } else {
                 lock(&inner.orphans).push(key);
             }
+        }
+    }
+}
+
+/// A key whose delete did not finish: handed to the janitor when dropped.
+struct Orphan(Option<(Arc<Inner>, String)>);
+
+impl Drop for Orphan {
+    fn drop(&mut self) {
+        if let Some((inner, key)) = self.0.take() {
+            lock(&inner.orphans).push(key);
         }
     }
 }
@@ -285,7 +331,9 @@ impl Inner {
             .await
         {
             Ok(_) => {
-                lock(&self.names).remove(key);
+                if !lock(&self.cancelled).iter().any(|(n, _, _)| n == key) {
+                    lock(&self.names).remove(key);
+                }
             }
             Err(_) => lock(&self.orphans).push(key.to_string()),
         }
@@ -451,9 +499,58 @@ impl Inner {
         for key in expired.into_iter().chain(orphans) {
             self.delete_node(&key).await;
         }
+        self.sweep_cancelled(now).await;
         for session in self.sessions() {
             if !lock(&session.dead).is_empty() {
                 self.revoke_dead(&session).await;
+            }
+        }
+    }
+
+    /// Deletes keys of dropped acquires whose put landed after the drop's
+    /// delete: any key of a `cancelled` name on a live lease of this client
+    /// (at most every [`CANCELLED_SWEEP`]). Names of leases no longer alive
+    /// are forgotten (a put with a dead lease fails), and so are names older
+    /// than [`CANCELLED_WINDOW`] (their names stay reserved).
+    async fn sweep_cancelled(&self, now: Instant) {
+        {
+            let mut last = lock(&self.cancelled_swept);
+            if lock(&self.cancelled).is_empty()
+                || last.is_some_and(|t| now.duration_since(t) < CANCELLED_SWEEP)
+            {
+                return;
+            }
+            *last = Some(now);
+        }
+        let live: Vec<i64> = self
+            .sessions()
+            .iter()
+            .map(|s| s.lease())
+            .filter(|l| l.alive)
+            .map(|l| l.id)
+            .collect();
+        lock(&self.cancelled).retain(|(_, lease, until)| live.contains(lease) && *until > now);
+        let leases: HashSet<i64> = lock(&self.cancelled).iter().map(|(_, l, _)| *l).collect();
+        for lease in leases {
+            let Ok(resp) = self
+                .call(|mut c| async move {
+                    c.lease_time_to_live(lease, Some(LeaseTimeToLiveOptions::new().with_keys()))
+                        .await
+                })
+                .await
+            else {
+                continue;
+            };
+            let ghosts: Vec<String> = {
+                let cancelled = lock(&self.cancelled);
+                resp.keys()
+                    .iter()
+                    .map(|k| String::from_utf8_lossy(k).into_owned())
+                    .filter(|k| cancelled.iter().any(|(n, _, _)| n == k))
+                    .collect()
+            };
+            for key in ghosts {
+                self.delete_node(&key).await;
             }
         }
     }
@@ -586,6 +683,8 @@ impl EtcdBackend {
             holds: Mutex::new(HashMap::new()),
             names: Mutex::new(HashSet::new()),
             orphans: Mutex::new(Vec::new()),
+            cancelled: Mutex::new(Vec::new()),
+            cancelled_swept: Mutex::new(None),
             next_name: AtomicU64::new(0),
             watch_events: AtomicU64::new(0),
         });
@@ -809,6 +908,7 @@ impl Backend for EtcdBackend {
         let pending = PendingNode {
             inner: Some(inner.clone()),
             key: node.clone(),
+            lease: lease.id,
         };
         let permits = match req.mode {
             Mode::Semaphore { permits } => permits,
@@ -974,6 +1074,10 @@ impl Backend for EtcdBackend {
             let h = holds.remove(&id).ok_or_else(not_held)?;
             (h.node, h.token)
         };
+        // The hold is no longer in `holds`: if this future is dropped before
+        // the delete is answered, the janitor must delete the key, or the
+        // lease's keepalive keeps it holding for good.
+        let mut unfinished = Orphan(Some((inner.clone(), node.clone())));
         // Owner-checked: only the key this hold created goes.
         let txn = Txn::new()
             .when([Compare::create_revision(
@@ -990,6 +1094,7 @@ impl Backend for EtcdBackend {
             .await
         {
             Ok(resp) => {
+                unfinished.0 = None;
                 lock(&inner.names).remove(&node);
                 if resp.succeeded() {
                     Ok(Released::new(0))
@@ -999,11 +1104,9 @@ impl Backend for EtcdBackend {
                     Err(not_held())
                 }
             }
-            Err(e) => {
-                // The janitor keeps trying; the lease's end deletes it anyway.
-                lock(&inner.orphans).push(node);
-                Err(e)
-            }
+            // The janitor keeps trying (`unfinished` hands it the key); the
+            // lease's end deletes it anyway.
+            Err(e) => Err(e),
         }
     }
 
