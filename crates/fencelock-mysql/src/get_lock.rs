@@ -76,10 +76,17 @@ const PERMIT_COUNTS: &str = r"CREATE TABLE IF NOT EXISTS fencelock_permits (
     PRIMARY KEY (lock_key, slot)
 ) ENGINE=MEMORY";
 
+/// The longest TTL a `get_lock` hold ever had in this database (see
+/// `GetLock::gate`). InnoDB: it must survive a crash.
+const SESSION_TTL: &str = r"CREATE TABLE IF NOT EXISTS fencelock_session_ttl (
+    id     INT    NOT NULL PRIMARY KEY,
+    ttl_ms BIGINT NOT NULL
+) ENGINE=InnoDB";
+
 /// Creates the tables; returns whether the server is MariaDB (which takes an
 /// exclusive try in one statement).
 pub(crate) async fn create_schema(db: &Db) -> Result<bool> {
-    for stmt in [HOLDERS, SEMAPHORES, PERMIT_COUNTS] {
+    for stmt in [HOLDERS, SEMAPHORES, PERMIT_COUNTS, SESSION_TTL] {
         sqlx::query(stmt)
             .execute(&db.pool)
             .await
@@ -115,6 +122,8 @@ pub(crate) struct GetLock {
     one_statement_try: bool,
     /// The server watcher runs (started with the first hold).
     watching: std::sync::atomic::AtomicBool,
+    /// The longest TTL known to be recorded in `fencelock_session_ttl` (ms).
+    recorded_ttl_ms: std::sync::atomic::AtomicI64,
 }
 
 impl GetLock {
@@ -130,6 +139,7 @@ impl GetLock {
             holds: SessionHolds::new("mysql-get-lock", max_idle),
             one_statement_try,
             watching: std::sync::atomic::AtomicBool::new(false),
+            recorded_ttl_ms: std::sync::atomic::AtomicI64::new(-1),
         }
     }
 
@@ -153,11 +163,17 @@ impl GetLock {
     }
 
     /// A session with `wait_timeout` = `ttl`, and whether it was reused (a
-    /// reused idle session may have been closed by the server meanwhile).
-    async fn session(&self, ttl: Duration) -> Result<(MySqlConnection, bool)> {
+    /// reused idle session may have been closed by the server meanwhile);
+    /// `None` if a new session's [`GetLock::gate`] does not open by the end
+    /// of `wait`.
+    async fn session(
+        &self,
+        ttl: Duration,
+        wait: Option<Option<Instant>>,
+    ) -> Result<Option<(MySqlConnection, bool)>> {
         let secs = wait_secs(ttl);
         let (mut conn, reused) = match self.holds.take_idle() {
-            Some((c, had)) if had == secs => return Ok((c, true)),
+            Some((c, had)) if had == secs => return Ok(Some((c, true))),
             Some((c, _)) => (c, true),
             None => {
                 let mut c = MySqlConnection::connect_with(&self.options)
@@ -170,6 +186,9 @@ impl GetLock {
                     .execute(&mut c)
                     .await
                     .map_err(|e| self.err(e))?;
+                if !self.gate(&mut c, wait).await? {
+                    return Ok(None);
+                }
                 (c, false)
             }
         };
@@ -178,7 +197,74 @@ impl GetLock {
             .execute(&mut conn)
             .await
             .map_err(|e| self.err(e))?;
-        Ok((conn, reused))
+        Ok(Some((conn, reused)))
+    }
+
+    /// The restart gate, passed by every new session before it is used. A
+    /// restart (or crash) of the server ends every session, and so frees every
+    /// lock at once — but a holder that could not hear of it (cut off from
+    /// the server) believes in its hold until its own deadline, at most its
+    /// TTL after its last renewal, which came before the restart. So no
+    /// session grants anything until the server has been up (`Uptime`, whole
+    /// seconds, rounded down) for the longest TTL any hold ever had here
+    /// (recorded before each grant that raises it). A session that passed it
+    /// is good for as long as it lives: a restart ends it too. Returns false if
+    /// the gate does not open by the end of `wait` (then no lock was taken).
+    async fn gate(
+        &self,
+        conn: &mut MySqlConnection,
+        wait: Option<Option<Instant>>,
+    ) -> Result<bool> {
+        let (recorded, up_s): (i64, String) = sqlx::query_as(
+            "SELECT COALESCE((SELECT ttl_ms FROM fencelock_session_ttl WHERE id = 1), 0),
+                    (SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS
+                     WHERE VARIABLE_NAME = 'UPTIME')",
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|e| self.err(e))?;
+        let up_ms = up_s.trim().parse::<i64>().unwrap_or(0).saturating_mul(1000);
+        self.recorded_ttl_ms
+            .fetch_max(recorded, std::sync::atomic::Ordering::Relaxed);
+        let closed_ms = recorded - up_ms;
+        if closed_ms <= 0 {
+            return Ok(true);
+        }
+        let closed = Duration::from_millis(closed_ms as u64);
+        let fits = match wait {
+            None => false,
+            Some(None) => true,
+            Some(Some(deadline)) => Instant::now() + closed <= deadline,
+        };
+        if fits {
+            tokio::time::sleep(closed).await;
+        }
+        Ok(fits)
+    }
+
+    /// Records `ttl` (durably, with InnoDB's default
+    /// `innodb_flush_log_at_trx_commit=1`) before a grant of it, unless a TTL
+    /// as long is known to be recorded.
+    async fn record_ttl(&self, conn: &mut MySqlConnection, ttl: Duration) -> Result<()> {
+        let ms = ttl.as_millis().min(i64::MAX as u128) as i64;
+        if self
+            .recorded_ttl_ms
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= ms
+        {
+            return Ok(());
+        }
+        sqlx::query(
+            "INSERT INTO fencelock_session_ttl (id, ttl_ms) VALUES (1, ?)
+             ON DUPLICATE KEY UPDATE ttl_ms = GREATEST(ttl_ms, VALUES(ttl_ms))",
+        )
+        .bind(ms)
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| self.err(e))?;
+        self.recorded_ttl_ms
+            .fetch_max(ms, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 
     /// `GET_LOCK` of `name` with `timeout` seconds (0: try once). MariaDB takes a
@@ -214,7 +300,13 @@ impl GetLock {
             return Ok(Some(grant));
         }
         let (mut conn, slot) = loop {
-            let (mut conn, reused) = self.session(req.ttl).await?;
+            let Some((mut conn, reused)) = self.session(req.ttl, wait).await? else {
+                return Ok(None);
+            };
+            match self.record_ttl(&mut conn, req.ttl).await {
+                Err(e) if reused && e.is_transient() => continue,
+                r => r?,
+            }
             // On an error the connection is dropped: closing the session lets
             // go of any lock it may have taken.
             let taken = match req.mode {

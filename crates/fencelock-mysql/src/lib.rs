@@ -15,7 +15,7 @@
 //!   session ending fires `lost()`: a server restart or crash at once (a
 //!   session of the backend's own waits in `SLEEP` and, when the server ends
 //!   it, every hold's session is pinged), `KILL` or a network loss at the next
-//!   renewal; the session's `wait_timeout` is the TTL (whole seconds), so a
+//!   renewal (see the limits below); the session's `wait_timeout` is the TTL (whole seconds), so a
 //!   paused holder loses the lock too. Exclusive and semaphore modes (no
 //!   shared form). Keys of at most 64 characters are the lock names
 //!   themselves, so other programs' `GET_LOCK('key')` and fencelock exclude
@@ -34,6 +34,21 @@
 //!   any durability setting, as long as the server's clock does not step back
 //!   across a restart. Sessions use REPEATABLE READ (the one-statement try
 //!   relies on its gap lock) and UTC, whatever the server's defaults.
+//! - **get_lock** exclusion holds while the holder's session lives. A server
+//!   restart or crash ends every session, and with them every lock, at once;
+//!   a holder cut off from the server cannot hear of it. So after a restart
+//!   no session grants anything until the server has been up (`Uptime`) for
+//!   the longest TTL any `get_lock` hold ever had in the database (recorded
+//!   in the InnoDB table `fencelock_session_ttl` before the first grant of
+//!   each longer TTL; durable with `innodb_flush_log_at_trx_commit=1`): every
+//!   hold from before the restart has lost its validity by then. An operator
+//!   who knows every holder from before a restart is dead may delete that
+//!   row. Known limit: when the server ends one session while it keeps
+//!   running (`KILL`, a connection the network reset), that lock is free at
+//!   once, and its holder learns it at its next renewal (within ttl/3), or —
+//!   if it is cut off — at its deadline (up to a TTL): another client can be
+//!   granted meanwhile. Fencing tokens still reject the old holder's writes;
+//!   lease mode has no such gap.
 //! - A grant after a wait in `GET_LOCK` counts its lease from a round trip
 //!   after the wait, so it is valid on arrival however long it waited.
 //!

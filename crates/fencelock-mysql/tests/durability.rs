@@ -31,8 +31,9 @@ async fn get_lock_tokens_never_go_back_after_a_crash() {
                     n += 1;
                     let Ok(g) = locker
                         .lock(&key)
-                        .ttl(Duration::from_secs(2))
-                        .wait(Duration::from_secs(1))
+                        .ttl(Duration::from_secs(1))
+                        // Room for the restart gate (a TTL in whole seconds).
+                        .wait(Duration::from_secs(10))
                         .acquire()
                         .await
                     else {
@@ -47,6 +48,11 @@ async fn get_lock_tokens_never_go_back_after_a_crash() {
                 }
             }
         });
+        // Grants run (after the previous trial's crash nothing is granted for
+        // a TTL), then the crash comes in their midst.
+        while highest.load(Ordering::SeqCst) == 0 && !granting.is_finished() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         tokio::time::sleep(Duration::from_millis(800)).await;
         db.crash_and_restart();
         stop.store(true, Ordering::SeqCst);
@@ -56,6 +62,7 @@ async fn get_lock_tokens_never_go_back_after_a_crash() {
         let after = Locker::new(MySqlBackend::connect(&url).await.unwrap());
         let g = after
             .lock("k0")
+            .ttl(Duration::from_secs(1))
             .wait(Duration::from_secs(30))
             .acquire()
             .await

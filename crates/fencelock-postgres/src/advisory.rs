@@ -46,6 +46,23 @@ use crate::db::{Db, map_err, session_gone};
 
 /// Created on first use with the lease schema.
 pub(crate) const SCHEMA: &[&str] = &[
+    // The longest TTL a session-mode hold ever had in this database (see
+    // `Advisory::gate`). Logged: it must survive a crash.
+    r"CREATE TABLE IF NOT EXISTS fencelock_session_ttl (id integer PRIMARY KEY, ttl_ms bigint NOT NULL)",
+    // Raises it, durably before it returns whatever the server's
+    // `synchronous_commit`; returns the longest TTL now recorded.
+    r"CREATE OR REPLACE FUNCTION fencelock_session_ttl_raise(ms bigint) RETURNS bigint
+    LANGUAGE plpgsql AS $fl$
+    DECLARE
+        m bigint;
+    BEGIN
+        PERFORM set_config('synchronous_commit', 'on', true);
+        INSERT INTO fencelock_session_ttl AS t (id, ttl_ms) VALUES (1, ms)
+            ON CONFLICT (id) DO UPDATE SET ttl_ms = greatest(t.ttl_ms, excluded.ttl_ms)
+            RETURNING t.ttl_ms INTO m;
+        RETURN m;
+    END
+    $fl$",
     // Each key's last token (see the module docs); also the keys `list` and
     // `inspect` look at. UNLOGGED: no WAL, emptied by a crash.
     r"CREATE UNLOGGED TABLE IF NOT EXISTS fencelock_advisory_fences (key text PRIMARY KEY, fence bigint NOT NULL)",
@@ -176,7 +193,9 @@ const HOLDERS: &str = "
     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())";
 
-/// Seeds checked for semaphore permits by inspection and `force_release`.
+/// The most permits a semaphore may have in advisory mode: the seeds of the
+/// permits' and counts' lock ids that inspection, `force_release` and the
+/// one-count check look at.
 const MAX_PERMIT_SEED: i32 = 1024;
 
 /// This backend's holds, each on a session of its own, and idle sessions.
@@ -184,6 +203,9 @@ pub(crate) struct Advisory {
     options: PgConnectOptions,
     addr: String,
     holds: SessionHolds<PgConnection>,
+    /// The longest session-mode TTL known to be recorded durably in
+    /// `fencelock_session_ttl` (ms).
+    recorded_ttl_ms: std::sync::atomic::AtomicI64,
     /// The server watcher runs (started with the first hold).
     watching: std::sync::atomic::AtomicBool,
 }
@@ -194,6 +216,7 @@ impl Advisory {
             options: options.options([("client_connection_check_interval", "1000")]),
             addr,
             holds: SessionHolds::new("pg-advisory", max_idle),
+            recorded_ttl_ms: std::sync::atomic::AtomicI64::new(-1),
             watching: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -217,13 +240,79 @@ impl Advisory {
         map_err(&self.addr, e)
     }
 
-    async fn session(&self) -> Result<PgConnection> {
-        match self.holds.take_idle() {
-            Some((c, _)) => Ok(c),
-            None => PgConnection::connect_with(&self.options)
-                .await
-                .map_err(|e| self.err(e)),
+    /// A session, and whether it was reused (a reused idle session may have
+    /// been ended by the server meanwhile: a restart ends every session);
+    /// `None` if a new session's [`Advisory::gate`] does not open by the end
+    /// of `wait`.
+    async fn session(&self, wait: Option<Option<Instant>>) -> Result<Option<(PgConnection, bool)>> {
+        if let Some((c, _)) = self.holds.take_idle() {
+            return Ok(Some((c, true)));
         }
+        let mut c = PgConnection::connect_with(&self.options)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(self.gate(&mut c, wait).await?.then_some((c, false)))
+    }
+
+    /// The restart gate, passed by every new session before it is used. A
+    /// restart (or crash) of the server ends every session, and so frees every
+    /// lock at once — but a holder that could not hear of it (cut off from
+    /// the server) believes in its hold until its own deadline, at most its
+    /// TTL after its last renewal, which came before the restart. So no
+    /// session grants anything until the server has been up for the longest
+    /// TTL any session-mode hold ever had here (recorded durably before each
+    /// grant that raises it). A session that passed it is good for as long as
+    /// it lives: a restart ends it too. Returns false if the gate does not
+    /// open by the end of `wait` (then no lock was taken).
+    async fn gate(&self, conn: &mut PgConnection, wait: Option<Option<Instant>>) -> Result<bool> {
+        let (recorded, closed_ms): (i64, f64) = sqlx::query_as(
+            "SELECT coalesce((SELECT ttl_ms FROM fencelock_session_ttl WHERE id = 1), 0),
+                    coalesce((SELECT ttl_ms FROM fencelock_session_ttl WHERE id = 1), 0)
+                    - (extract(epoch FROM clock_timestamp() - pg_postmaster_start_time()) * 1000)::float8",
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|e| self.err(e))?;
+        self.recorded_ttl_ms
+            .fetch_max(recorded, std::sync::atomic::Ordering::Relaxed);
+        if closed_ms <= 0.0 {
+            return Ok(true);
+        }
+        let closed = Duration::from_secs_f64(closed_ms / 1000.0);
+        let fits = match wait {
+            None => false,
+            Some(None) => true,
+            Some(Some(deadline)) => Instant::now() + closed <= deadline,
+        };
+        if fits {
+            tracing::debug!(
+                ?closed,
+                "the server restarted recently: waiting out the holds from before it"
+            );
+            tokio::time::sleep(closed).await;
+        }
+        Ok(fits)
+    }
+
+    /// Records `ttl` as a session-mode TTL (durably) before a grant of it,
+    /// unless a TTL as long is known to be recorded.
+    async fn record_ttl(&self, conn: &mut PgConnection, ttl: Duration) -> Result<()> {
+        let ms = ttl.as_millis().min(i64::MAX as u128) as i64;
+        if self
+            .recorded_ttl_ms
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= ms
+        {
+            return Ok(());
+        }
+        let now: i64 = sqlx::query_scalar("SELECT fencelock_session_ttl_raise($1)")
+            .bind(ms)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        self.recorded_ttl_ms
+            .fetch_max(now, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 
     /// Acquires on a session of its own. `wait`: `None` tries once, `Some(None)`
@@ -233,6 +322,13 @@ impl Advisory {
         req: &Request,
         wait: Option<Option<Instant>>,
     ) -> Result<Option<Grant>> {
+        if let Mode::Semaphore { permits } = req.mode
+            && permits > MAX_PERMIT_SEED as u32
+        {
+            return Err(Error::config(format!(
+                "a semaphore of {permits} permits: advisory mode allows at most {MAX_PERMIT_SEED}; use mode=lease"
+            )));
+        }
         let requested_at = Instant::now();
         if let Some(grant) = self.holds.reenter(req, requested_at, ping).await? {
             return Ok(Some(grant));
@@ -261,16 +357,57 @@ impl Advisory {
     /// One try (waiting in the server as `wait` says) on a session of its own.
     async fn take(&self, req: &Request, wait: Option<Option<Instant>>) -> Result<Taken> {
         let requested_at = Instant::now();
-        let mut conn = self.session().await?;
+        let (mut conn, taken) = loop {
+            let Some((mut conn, reused)) = self.session(wait).await? else {
+                return Ok(Taken::No);
+            };
+            match self.record_ttl(&mut conn, req.ttl).await {
+                Err(e) if reused && e.is_transient() => continue,
+                r => r?,
+            }
+            match self.take_on(&mut conn, req, wait).await {
+                // An idle session the server ended meanwhile: take a new one.
+                Err(e) if reused && session_gone(&e) => continue,
+                // On an error the connection is dropped: closing the session
+                // lets go of anything it may have taken.
+                taken => break (conn, taken.map_err(|e| self.err(e))?),
+            }
+        };
+        let Some((token, slot)) = taken.filter(|(token, _)| *token >= 0) else {
+            self.holds.put_idle(conn, 0);
+            return Ok(if taken.is_some() {
+                Taken::OtherKind
+            } else {
+                Taken::No
+            });
+        };
+        let requested_at = lease_start(requested_at, req.ttl, &mut conn, ping)
+            .await
+            .map_err(|e| Error::connection(crate::NAME, &self.addr, e))?;
+        let grant = self
+            .holds
+            .insert(req, token as u64, slot as u32, conn, requested_at);
+        self.watch_server();
+        Ok(Taken::Granted(grant))
+    }
+
+    /// The statement of one try on `conn`: `(token, slot)` if taken (a
+    /// negative token: refused by the other kind of shared holder).
+    async fn take_on(
+        &self,
+        conn: &mut PgConnection,
+        req: &Request,
+        wait: Option<Option<Instant>>,
+    ) -> std::result::Result<Option<(i64, i32)>, sqlx::Error> {
         let ttl_ms = req.ttl.as_millis().min(i32::MAX as u128) as i64;
-        let taken = match req.mode {
+        match req.mode {
             Mode::Semaphore { permits } => {
                 sqlx::query("SELECT tok, slot FROM fencelock_advisory_permit($1, $2, $3, $4)")
                     .bind(req.key.as_str())
                     .bind(req.owner.as_str())
                     .bind(permits.min(i32::MAX as u32) as i32)
                     .bind(ttl_ms)
-                    .fetch_optional(&mut conn)
+                    .fetch_optional(&mut *conn)
                     .await
                     .and_then(|row| {
                         row.map(|r| Ok((r.try_get::<i64, _>(0)?, r.try_get::<i32, _>(1)?)))
@@ -300,30 +437,11 @@ impl Advisory {
                 .bind(req.mode == Mode::Shared)
                 .bind(wait_ms)
                 .bind(ttl_ms)
-                .fetch_one(&mut conn)
+                .fetch_one(&mut *conn)
                 .await
                 .map(|token| token.map(|t| (t, 0)))
             }
-        };
-        // On an error the connection is dropped: closing the session lets go of
-        // anything it may have taken.
-        let taken = taken.map_err(|e| self.err(e))?;
-        let Some((token, slot)) = taken.filter(|(token, _)| *token >= 0) else {
-            self.holds.put_idle(conn, 0);
-            return Ok(if taken.is_some() {
-                Taken::OtherKind
-            } else {
-                Taken::No
-            });
-        };
-        let requested_at = lease_start(requested_at, req.ttl, &mut conn, ping)
-            .await
-            .map_err(|e| Error::connection(crate::NAME, &self.addr, e))?;
-        let grant = self
-            .holds
-            .insert(req, token as u64, slot as u32, conn, requested_at);
-        self.watch_server();
-        Ok(Taken::Granted(grant))
+        }
     }
 
     /// Pings each lease's session (which also restarts its idle timeout).

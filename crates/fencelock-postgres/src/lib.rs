@@ -18,7 +18,7 @@
 //!   the guard's `lost()`: a server restart or crash at once (a session of the
 //!   backend's own waits in `pg_sleep` and, when the server ends it, every
 //!   hold's session is pinged), `pg_terminate_backend` or a network loss at
-//!   the next renewal. The session's `idle_session_timeout` is the TTL, so a
+//!   the next renewal (see the limits below). The session's `idle_session_timeout` is the TTL, so a
 //!   paused holder loses the lock too. Lock ids are 64-bit hashes of the keys
 //!   (`hashtextextended(key, 0)`): two keys whose hashes collide share a lock
 //!   (for a million keys the chance of any collision is about 3·10⁻⁸), as does
@@ -43,6 +43,25 @@
 //!   (the sequence of the first design came back below tokens already handed
 //!   out after `kill -9` with `synchronous_commit=off`). No grant waits for a
 //!   flush.
+//! - **advisory** after a restart or crash: it ends every session, and with
+//!   them every lock, at once, and a holder cut off from the server cannot
+//!   hear of it. So no session grants anything until the server has been up
+//!   (`pg_postmaster_start_time()`) for the longest TTL any advisory hold
+//!   ever had in the database (recorded durably in `fencelock_session_ttl`
+//!   before the first grant of each longer TTL): every hold from before the
+//!   restart has lost its validity by then. An operator who knows every
+//!   holder from before a restart is dead may delete that row. Known limit:
+//!   when the server ends one session while it keeps running
+//!   (`pg_terminate_backend`, a connection the network reset), that lock is
+//!   free at once, and its holder learns it at its next renewal (within
+//!   ttl/3), or — if it is cut off — at its deadline (up to a TTL): another
+//!   client can be granted meanwhile. Fencing tokens still reject the old
+//!   holder's writes; lease mode has no such gap.
+//! - **lease** releases are not flushed before they are answered (the row of
+//!   a lost release expires after its TTL): after a crash, a release answered
+//!   up to `wal_writer_delay` before it may be undone — the key stays held
+//!   until that TTL, and the same explicit owner acquiring again re-enters the
+//!   old hold (its token, one more hold) instead of a new grant.
 //! - A grant after a wait in the server counts its lease from a round trip
 //!   after the wait, so it is valid on arrival however long it waited.
 //!

@@ -207,8 +207,8 @@ pub async fn paused_holder_loses_its_lock_and_its_stale_write<H: FaultHarness>(h
 
 /// The server restarted (by `restart`) under a session-bound hold: the guard's
 /// `lost()` fires no later than the next holder is granted on the restarted
-/// server (the end of the session is noticed, not at the next renewal), and
-/// the next token is larger.
+/// server, and the next token is larger. (Session modes grant nothing for a
+/// TTL after a restart: a holder cut off from the server could not hear of it.)
 pub async fn restart_ends_session_holds<H, F, Fut>(h: &H, url: &str, restart: F)
 where
     H: FaultHarness,
@@ -216,12 +216,11 @@ where
     Fut: Future<Output = ()>,
 {
     let key = unique_key("restart-session");
-    // A long TTL: the next renewal is 10 s away, so only noticing the end of
-    // the session itself makes `lost()` fire before the next holder's grant.
+    let ttl = Duration::from_secs(12);
     let g = locker(h, url)
         .await
         .lock(&key)
-        .ttl(Duration::from_secs(30))
+        .ttl(ttl)
         .acquire()
         .await
         .expect("acquire");
@@ -242,7 +241,7 @@ where
             Ok(Some(g)) => break g,
             Ok(None) | Err(_) => {
                 assert!(
-                    start.elapsed() < Duration::from_secs(30),
+                    start.elapsed() < ttl + Duration::from_secs(30),
                     "the lock never came free after the restart"
                 );
                 tokio::time::sleep(Duration::from_millis(20)).await;

@@ -17,7 +17,9 @@ pub enum ProxyMode {
     /// Forward everything (after the configured latency).
     Pass,
     /// Keep connections open but forward nothing: a partition where packets are
-    /// dropped. New connections are accepted and hang.
+    /// dropped. New connections are accepted and hang, and a side that closes
+    /// is not seen closing by the other until the partition heals (the close
+    /// is held like data).
     Blackhole,
     /// Close every connection and every new one at once: a peer that resets.
     Reset,
@@ -187,7 +189,11 @@ async fn pump(
     loop {
         let n = tokio::select! {
             r = from.read(&mut buf) => match r {
-                Ok(0) | Err(_) => return,
+                Ok(0) | Err(_) => {
+                    // A close crosses a partition no sooner than data does.
+                    hold_while_partitioned(&mut settings, direction).await;
+                    return;
+                }
                 Ok(n) => n,
             },
             r = wait_for_reset(&mut settings) => { let () = r; return; }
@@ -219,6 +225,20 @@ async fn pump(
             return;
         }
         if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Returns once traffic in `direction` flows again (or the proxy resets).
+async fn hold_while_partitioned(settings: &mut watch::Receiver<Settings>, direction: Direction) {
+    loop {
+        let held = match settings.borrow_and_update().mode {
+            ProxyMode::Blackhole => true,
+            ProxyMode::DropReplies => direction == Direction::ToClient,
+            ProxyMode::Pass | ProxyMode::Reset => false,
+        };
+        if !held || settings.changed().await.is_err() {
             return;
         }
     }

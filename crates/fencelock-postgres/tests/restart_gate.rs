@@ -1,0 +1,135 @@
+//! Advisory mode across a server restart: a restart frees every advisory lock
+//! at once, but a holder cut off from the server cannot hear of it and
+//! believes in its hold until its deadline — so nobody may be granted the
+//! lock before then. Also: sessions left idle by the restart are replaced,
+//! and permit counts beyond what the mode checks are refused.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use fencelock_core::{Error, Locker};
+use fencelock_postgres::PostgresBackend;
+use fencelock_testkit::FaultProxy;
+use support::{PrivatePostgres, SHARED};
+
+/// A holder behind a partition (packets vanish both ways, no close gets
+/// through) while the server restarts: the next holder is granted only once
+/// the first can no longer believe it holds.
+async fn partitioned_holder_across_a_restart(crash: bool) {
+    let mut pg = PrivatePostgres::start();
+    let direct = pg.url("advisory");
+    let port: u16 = direct
+        .split("127.0.0.1:")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap();
+    let proxy = FaultProxy::start(([127, 0, 0, 1], port).into())
+        .await
+        .unwrap();
+    let via_proxy = direct.replace(&format!(":{port}/"), &format!(":{}/", proxy.addr().port()));
+    let a = Locker::new(PostgresBackend::connect(&via_proxy).await.unwrap());
+    let ga = a
+        .lock("k")
+        .ttl(Duration::from_secs(4))
+        .acquire()
+        .await
+        .unwrap();
+    // The watcher's session is up.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.blackhole();
+    tokio::task::block_in_place(|| {
+        if crash {
+            pg.crash_and_restart()
+        } else {
+            pg.restart()
+        }
+    });
+    let b = Locker::new(PostgresBackend::connect(&direct).await.unwrap());
+    let start = Instant::now();
+    let gb = b
+        .lock("k")
+        .ttl(Duration::from_secs(4))
+        .wait(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let both = ga.is_valid();
+    assert!(
+        !both,
+        "crash={crash}: B was granted {:?} after the restart while the cut-off A still believed \
+         its hold valid ({:?} left)",
+        start.elapsed(),
+        ga.lease().time_left()
+    );
+    assert!(gb.token().unwrap() > ga.token().unwrap());
+    gb.release().await.unwrap();
+    proxy.restore();
+    drop(ga);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_cut_off_during_a_restart_is_not_overlapped() {
+    partitioned_holder_across_a_restart(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_cut_off_during_a_crash_is_not_overlapped() {
+    partitioned_holder_across_a_restart(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_left_idle_by_a_restart_are_replaced() {
+    let mut pg = PrivatePostgres::start();
+    let a = Locker::new(PostgresBackend::connect(&pg.url("advisory")).await.unwrap());
+    // Three sessions go idle.
+    let mut held = Vec::new();
+    for i in 0..3 {
+        held.push(
+            a.lock(format!("hold-{i}"))
+                .ttl(Duration::from_secs(2))
+                .acquire()
+                .await
+                .unwrap(),
+        );
+    }
+    for g in held {
+        g.release().await.unwrap();
+    }
+    tokio::task::block_in_place(|| pg.restart());
+    for i in 0..5 {
+        let got = a
+            .lock(format!("idle-{i}"))
+            .ttl(Duration::from_secs(2))
+            .wait(Duration::from_secs(30))
+            .acquire()
+            .await;
+        match got {
+            Ok(g) => g.release().await.unwrap(),
+            Err(e) => panic!("acquire {i} after the restart failed: {e}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permit_counts_beyond_the_checked_range_are_refused() {
+    let url = format!("{SHARED}?mode=advisory");
+    let a = Locker::new(PostgresBackend::connect(&url).await.unwrap());
+    let key = format!("big-semaphore-{}", std::process::id());
+    match a.semaphore(&key, 2000).try_acquire().await {
+        Err(Error::InvalidConfig(msg)) => assert!(msg.contains("1024"), "{msg}"),
+        Ok(g) => {
+            drop(g);
+            panic!("a 2000-permit semaphore was granted; counts above 1024 go unchecked")
+        }
+        Err(e) => panic!("{e}"),
+    }
+    let g = a
+        .semaphore(&key, 1024)
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    g.release().await.unwrap();
+}
