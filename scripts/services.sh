@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Starts every server the tests need on loopback (DESIGN §7), installing a missing
+# Starts every server the tests need on loopback (ARCHITECTURE.md §7), installing a missing
 # one from Debian packages. Idempotent: a service that already answers is left
 # alone. `scripts/services.sh stop` stops what this script started.
 #

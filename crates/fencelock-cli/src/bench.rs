@@ -1,5 +1,5 @@
 //! `fencelock bench`: uncontended, contended and handoff workloads on one or
-//! more backends, with the JSON lines of DESIGN §5.
+//! more backends, with the JSON lines of ARCHITECTURE.md §5.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -1,4 +1,4 @@
-//! Exit statuses of the CLI (DESIGN §5; the BSD sysexits values).
+//! Exit statuses of the CLI (ARCHITECTURE.md §5; the BSD sysexits values).
 
 use fencelock::Error;
 

@@ -229,7 +229,7 @@ impl LockInfo {
 /// built from. The user-facing API ([`Locker`](crate::Locker), [`Guard`](crate::Guard),
 /// the watchdog) lives once, in core, on top of this trait.
 ///
-/// Implementations keep the contract of DESIGN §2: grants carry strictly
+/// Implementations keep the contract of ARCHITECTURE.md §2: grants carry strictly
 /// increasing tokens where [`Capabilities::fencing`] says so; renew never brings
 /// back a lease that expired; release never touches another owner's hold.
 ///
