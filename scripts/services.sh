@@ -339,6 +339,9 @@ main() {
     fi
     say "sqlite (embedded)" "file" "no server needed"
     say "memory" "in process" "no server needed"
+    # The CLI's terminal tests drive `fencelock run` in a real terminal.
+    ensure_pkg tmux tmux
+    say tmux "$(command -v tmux)" "installed"
     start_redis
     start_redlock
     start_redis_cluster

@@ -38,6 +38,16 @@ pub enum Command {
     /// One worker process of `fencelock bench --processes`.
     #[command(hide = true)]
     BenchWorker(crate::bench_procs::WorkerArgs),
+    /// The reaper of a `run`'s process group (started by `fencelock run`).
+    #[command(name = "__reap", hide = true)]
+    Reap(ReapArgs),
+}
+
+/// `fencelock __reap PGID`.
+#[derive(Debug, Args)]
+pub struct ReapArgs {
+    /// The process group to SIGKILL when the pipe on stdin closes.
+    pub pgid: i32,
 }
 
 /// `--backend`, shared by every subcommand.
@@ -78,9 +88,10 @@ pub struct RunArgs {
     /// Take one of N permits of a semaphore instead of an exclusive lock.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub permits: Option<u32>,
-    /// After a lost lease, how long CMD has between SIGTERM and SIGKILL.
-    #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
-    pub kill_grace: Duration,
+    /// How long CMD has between SIGTERM and SIGKILL when the lease cannot be
+    /// kept [default: the lesser of 5s and ttl/3; at most ttl/3 is used].
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub kill_grace: Option<Duration>,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -183,7 +194,10 @@ Examples:
   fencelock run --backend sqlite:///var/lib/locks.db --key db-migrate --ttl 10s -- make migrate
 
 CMD sees FENCELOCK_TOKEN (the fencing token; empty if the backend has none) and
-FENCELOCK_KEY. SIGINT/SIGTERM are passed to CMD and the lock is released after it.
+FENCELOCK_KEY. CMD runs in a process group of its own: SIGINT, SIGTERM, SIGHUP and
+SIGQUIT go to that group, and the lock is released only after the whole group has
+ended. If the lease cannot be kept, the group gets SIGTERM and then SIGKILL before
+the lease could run out; if fencelock itself dies, the group is SIGKILLed.
 
 Exit status: CMD's own; 75 lock not acquired within --wait; 76 lease lost (CMD was
 killed); 69 backend unreachable; 64 bad usage.";

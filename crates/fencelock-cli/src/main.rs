@@ -7,6 +7,7 @@ mod demo;
 mod exit;
 mod inspect;
 mod plot;
+mod process_tree;
 mod run;
 
 use std::process::ExitCode;
@@ -44,6 +45,10 @@ fn main() -> ExitCode {
             };
         }
     };
+    // The reaper needs no runtime: it waits on a pipe.
+    if let Command::Reap(args) = &cli.command {
+        return ExitCode::from(process_tree::reap(args.pgid));
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -63,6 +68,7 @@ fn main() -> ExitCode {
             Command::BenchWorker(args) => bench_procs::worker(args).await,
             Command::Status(args) => inspect::status(args).await,
             Command::List(args) => inspect::list(args).await,
+            Command::Reap(_) => exit::FAILURE,
         }
     });
     // Do not wait for stuck blocking work (a busy database) at exit.

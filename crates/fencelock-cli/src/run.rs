@@ -1,22 +1,33 @@
 //! `fencelock run`: hold a lock while a command runs.
+//!
+//! CMD runs in a process group of its own (see [`crate::process_tree`]). The
+//! lock is released only after every process of that group has ended, and the
+//! group is stopped before the lease can run out: SIGTERM once the lease's
+//! renewal is late by more than the grace (`--kill-grace`, by default the
+//! lesser of 5 s and a third of the TTL), SIGKILL a margin (a tenth of the TTL,
+//! at most 1 s) before the lease's deadline. A lease found already lost
+//! (fencelock was paused past it, or the lock was taken away) SIGKILLs the
+//! group at once. Signals fencelock receives (INT, TERM, HUP, QUIT) go to the
+//! group once.
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
-use tokio::process::{Child, Command};
+use nix::sys::signal::Signal;
 use tokio::signal::unix::{SignalKind, signal};
+use tokio::time::Instant;
 
 use crate::cli::{RunArgs, Wait};
 use crate::exit;
+use crate::process_tree::{Event, Tree};
 
-/// SIGINT, SIGTERM and SIGHUP, received as a stream.
+/// SIGINT, SIGTERM, SIGHUP and SIGQUIT, received as a stream.
 struct Signals {
     int: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
     hup: tokio::signal::unix::Signal,
+    quit: tokio::signal::unix::Signal,
 }
 
 impl Signals {
@@ -25,6 +36,7 @@ impl Signals {
             int: signal(SignalKind::interrupt())?,
             term: signal(SignalKind::terminate())?,
             hup: signal(SignalKind::hangup())?,
+            quit: signal(SignalKind::quit())?,
         })
     }
 
@@ -38,6 +50,7 @@ impl Signals {
             _ = self.int.recv() => Signal::SIGINT,
             _ = self.term.recv() => Signal::SIGTERM,
             _ = self.hup.recv() => Signal::SIGHUP,
+            _ = self.quit.recv() => Signal::SIGQUIT,
         }
     }
 }
@@ -51,18 +64,9 @@ fn status_code(status: ExitStatus) -> u8 {
     }
 }
 
-fn send(pid: Option<u32>, sig: Signal) {
-    if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
-        let _ = kill(Pid::from_raw(pid), sig);
-    }
-}
-
-/// SIGTERM, then SIGKILL after `grace`; reaps the child.
-async fn terminate(child: &mut Child, grace: Duration) {
-    send(child.id(), Signal::SIGTERM);
-    if tokio::time::timeout(grace, child.wait()).await.is_err() {
-        let _ = child.kill().await;
-    }
+/// How long before the lease's deadline CMD's group must be dead.
+fn margin(ttl: Duration) -> Duration {
+    (ttl / 10).min(Duration::from_secs(1))
 }
 
 pub async fn run(args: RunArgs) -> u8 {
@@ -73,6 +77,21 @@ pub async fn run(args: RunArgs) -> u8 {
             return exit::FAILURE;
         }
     };
+    let grace = args
+        .kill_grace
+        .unwrap_or_else(|| (args.ttl / 3).min(Duration::from_secs(5)));
+    // SIGTERM comes no sooner than a renewal is late by this, and SIGKILL no
+    // later than `margin` before the deadline: what CMD gets between them.
+    let window = grace.min(args.ttl / 3);
+    let margin = margin(args.ttl);
+    if grace > args.ttl / 3 {
+        eprintln!(
+            "fencelock: warning: --kill-grace {} is more than a third of --ttl {}: CMD gets at most {} between SIGTERM and SIGKILL, so that it has ended before the lease could run out",
+            humantime::format_duration(grace),
+            humantime::format_duration(args.ttl),
+            humantime::format_duration(window),
+        );
+    }
     let locker = match fencelock::Locker::connect(&args.backend.url()).await {
         Ok(l) => l,
         Err(e) => return exit::report(&e),
@@ -96,14 +115,24 @@ pub async fn run(args: RunArgs) -> u8 {
         },
         sig = signals.recv() => return 128 + sig as u8,
     };
+    // A grant that is no longer valid (the backend took long to answer) must
+    // not start CMD.
+    if guard.deadline() <= Instant::now() + window + margin {
+        eprintln!(
+            "fencelock: the lease on {:?} had too little time left when it was granted ({:?}); CMD was not started",
+            args.key,
+            guard.deadline().saturating_duration_since(Instant::now())
+        );
+        drop(guard);
+        return exit::LOST;
+    }
     let token = guard.token().map(|t| t.to_string()).unwrap_or_default();
-    let spawned = Command::new(&args.command[0])
-        .args(&args.command[1..])
-        .env("FENCELOCK_TOKEN", &token)
-        .env("FENCELOCK_KEY", &args.key)
-        .spawn();
-    let mut child = match spawned {
-        Ok(c) => c,
+    let env = [
+        ("FENCELOCK_TOKEN", token),
+        ("FENCELOCK_KEY", args.key.clone()),
+    ];
+    let mut tree = match Tree::spawn(&args.command, &env) {
+        Ok(t) => t,
         Err(e) => {
             eprintln!("fencelock: cannot run {:?}: {e}", args.command[0]);
             if let Err(e) = guard.release().await {
@@ -117,28 +146,62 @@ pub async fn run(args: RunArgs) -> u8 {
         }
     };
     loop {
+        let stop_at = guard
+            .deadline()
+            .checked_sub(window + margin)
+            .unwrap_or_else(Instant::now);
         tokio::select! {
             biased;
+            event = tree.event() => match event {
+                Event::Exited => {
+                    // What CMD left in its group ends before the lock goes.
+                    let kill_at = guard.deadline().checked_sub(margin).unwrap_or_else(Instant::now);
+                    tree.stop(true, kill_at.min(Instant::now() + grace)).await;
+                    let code = match tree.finish().await {
+                        Ok(s) => status_code(s),
+                        Err(e) => {
+                            eprintln!("fencelock: cannot wait for {:?}: {e}", args.command[0]);
+                            exit::FAILURE
+                        }
+                    };
+                    if !guard.is_valid() {
+                        eprintln!(
+                            "fencelock: warning: the lease on {:?} was lost by the time {:?} had ended (its status: {code})",
+                            args.key, args.command[0]
+                        );
+                    }
+                    if let Err(e) = guard.release().await {
+                        eprintln!("fencelock: warning: releasing {:?} failed: {e}", args.key);
+                    }
+                    return code;
+                }
+                Event::Stopped => tree.stopped(),
+            },
             lost = guard.lost() => {
-                eprintln!("fencelock: {lost}; stopping {:?}", args.command[0]);
-                terminate(&mut child, args.kill_grace).await;
+                eprintln!("fencelock: {lost}; killing {:?}", args.command[0]);
+                tree.kill(false).await;
+                tree.stop(true, Instant::now()).await;
+                let _ = tree.finish().await;
                 drop(guard);
                 return exit::LOST;
             }
-            status = child.wait() => {
-                let code = match status {
-                    Ok(s) => status_code(s),
-                    Err(e) => {
-                        eprintln!("fencelock: cannot wait for {:?}: {e}", args.command[0]);
-                        exit::FAILURE
-                    }
-                };
-                if let Err(e) = guard.release().await {
-                    eprintln!("fencelock: warning: releasing {:?} failed: {e}", args.key);
+            _ = tokio::time::sleep_until(stop_at) => {
+                if guard.deadline() > Instant::now() + window + margin {
+                    continue; // renewed meanwhile
                 }
-                return code;
+                eprintln!(
+                    "fencelock: the lease on {:?} was not renewed in time; stopping {:?} so that it has ended before the lease could run out",
+                    args.key, args.command[0]
+                );
+                let kill_at = guard.deadline().checked_sub(margin).unwrap_or_else(Instant::now);
+                tree.stop(false, kill_at).await;
+                let _ = tree.finish().await;
+                // Still held, maybe: let it go rather than make the next holder
+                // wait for the expiry.
+                let _ = guard.release().await;
+                return exit::LOST;
             }
-            sig = signals.recv() => send(child.id(), sig),
+            sig = signals.recv() => tree.signal(sig),
         }
     }
 }

@@ -65,6 +65,9 @@ pub struct SqliteBackend {
 
 struct Inner {
     path: PathBuf,
+    /// The longest an operation waits for the file's write lock (an acquire or
+    /// a renewal at most a third of its TTL).
+    busy_timeout: Duration,
     conn: Mutex<Connection>,
     /// Wakes waiters of this process when a hold is released here.
     released: Notify,
@@ -91,12 +94,14 @@ impl SqliteBackend {
     ) -> Result<SqliteBackend> {
         let path = path.as_ref().to_path_buf();
         let p = path.clone();
+        let busy_timeout = options.busy_timeout;
         let conn = tokio::task::spawn_blocking(move || store::open(&p, &options))
             .await
             .map_err(|e| Error::backend(NAME, format!("open task failed: {e}")))??;
         Ok(SqliteBackend {
             inner: Arc::new(Inner {
                 path,
+                busy_timeout,
                 conn: Mutex::new(conn),
                 released: Notify::new(),
             }),
@@ -177,10 +182,14 @@ impl Backend for SqliteBackend {
     }
 
     async fn try_acquire(&self, req: &Request) -> Result<Option<Grant>> {
-        let requested_at = Instant::now();
         let r = req.clone();
-        let granted = self.with_conn(move |c| store::try_acquire(c, &r)).await?;
-        Ok(granted.map(|(token, holds)| Grant::new(Some(token), req.ttl, holds, requested_at)))
+        let busy = self.inner.busy_timeout;
+        let granted = self
+            .with_conn(move |c| store::try_acquire(c, &r, busy))
+            .await?;
+        // Valid from the transaction that set the expiry, not from the call:
+        // another process may have kept the file's write lock meanwhile.
+        Ok(granted.map(|(token, holds, began)| Grant::new(Some(token), req.ttl, holds, began)))
     }
 
     async fn acquire(&self, req: &Request, deadline: Option<Instant>) -> Result<Option<Grant>> {
@@ -213,12 +222,17 @@ impl Backend for SqliteBackend {
 
     async fn renew(&self, leases: &[LeaseRef]) -> Result<Vec<Renewal>> {
         let leases = leases.to_vec();
-        self.with_conn(move |c| store::renew(c, &leases)).await
+        let busy = self.inner.busy_timeout;
+        self.with_conn(move |c| store::renew(c, &leases, busy))
+            .await
     }
 
     async fn release(&self, lease: &LeaseRef) -> Result<Released> {
         let l = lease.clone();
-        let (released, _) = self.with_conn(move |c| store::release(c, &l, None)).await?;
+        let busy = self.inner.busy_timeout;
+        let (released, _) = self
+            .with_conn(move |c| store::release(c, &l, None, busy))
+            .await?;
         if released.remaining == 0 {
             self.inner.released.notify_waiters();
         }
@@ -230,13 +244,13 @@ impl Backend for SqliteBackend {
         lease: &LeaseRef,
         next: &Request,
     ) -> Result<(Released, Option<Grant>)> {
-        let requested_at = Instant::now();
         let (l, n) = (lease.clone(), next.clone());
+        let busy = self.inner.busy_timeout;
         let (released, handed) = self
-            .with_conn(move |c| store::release(c, &l, Some(&n)))
+            .with_conn(move |c| store::release(c, &l, Some(&n), busy))
             .await?;
         let grant =
-            handed.map(|(token, holds)| Grant::new(Some(token), next.ttl, holds, requested_at));
+            handed.map(|(token, holds, began)| Grant::new(Some(token), next.ttl, holds, began));
         if released.remaining == 0 && grant.is_none() {
             self.inner.released.notify_waiters();
         }

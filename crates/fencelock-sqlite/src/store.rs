@@ -97,6 +97,29 @@ fn immediate(conn: &mut Connection) -> Result<Transaction<'_>> {
         .map_err(db_err)
 }
 
+/// Whether `e` is another process keeping the file's write lock past the
+/// busy timeout.
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
+}
+
+/// How long an operation for holds of `ttl` may wait for the file's write
+/// lock: at most a third of the TTL, so that a renewal blocked by another
+/// process still leaves room to retry before the deadline.
+fn busy_timeout_for(conn: &Connection, configured: Duration, ttl: Duration) -> Result<()> {
+    conn.busy_timeout(configured.min(ttl / 3).max(Duration::from_millis(1)))
+        .map_err(db_err)
+}
+
+/// A grant made in a transaction: its token, the owner's hold count, and when
+/// the transaction (which set its expiry) began on this machine's monotonic
+/// clock — the grant's lease counts from there, however long the write lock
+/// kept it waiting.
+pub(crate) type Granted = (FencingToken, u32, tokio::time::Instant);
+
 struct Row {
     owner: String,
     mode: Mode,
@@ -146,17 +169,29 @@ fn purge(tx: &Transaction<'_>, key: &str, now: i64) -> Result<()> {
     Ok(())
 }
 
-/// Grants `req` if it is admitted; returns the token and the owner's hold count.
+/// Grants `req` if it is admitted. Another process keeping the file's write
+/// lock past the busy timeout (at most ttl/3) is "not now" (`None`), like a
+/// held lock: a waiter tries again.
 pub(crate) fn try_acquire(
     conn: &mut Connection,
     req: &Request,
-) -> Result<Option<(FencingToken, u32)>> {
-    let tx = immediate(conn)?;
+    busy_timeout: Duration,
+) -> Result<Option<Granted>> {
+    busy_timeout_for(conn, busy_timeout, req.ttl)?;
+    let tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
+        Ok(tx) => tx,
+        Err(e) if is_busy(&e) => return Ok(None),
+        Err(e) => return Err(db_err(e)),
+    };
+    let began = tokio::time::Instant::now();
     let now = now_ms();
     purge(&tx, req.key.as_str(), now)?;
     let granted = grant(&tx, req, now)?;
-    tx.commit().map_err(db_err)?;
-    Ok(granted)
+    match tx.commit() {
+        Ok(()) => Ok(granted.map(|(t, h)| (t, h, began))),
+        Err(e) if is_busy(&e) => Ok(None),
+        Err(e) => Err(db_err(e)),
+    }
 }
 
 /// Grants `req` inside `tx` if it is admitted (expired holders already purged);
@@ -228,7 +263,13 @@ pub(crate) fn busy_for(conn: &mut Connection, req: &Request) -> Result<Option<Du
     )))
 }
 
-pub(crate) fn renew(conn: &mut Connection, leases: &[LeaseRef]) -> Result<Vec<Renewal>> {
+pub(crate) fn renew(
+    conn: &mut Connection,
+    leases: &[LeaseRef],
+    busy_timeout: Duration,
+) -> Result<Vec<Renewal>> {
+    let shortest = leases.iter().map(|l| l.ttl).min().unwrap_or(busy_timeout);
+    busy_timeout_for(conn, busy_timeout, shortest)?;
     let tx = immediate(conn)?;
     let now = now_ms();
     let mut out = Vec::with_capacity(leases.len());
@@ -267,8 +308,11 @@ pub(crate) fn release(
     conn: &mut Connection,
     lease: &LeaseRef,
     next: Option<&Request>,
-) -> Result<(Released, Option<(FencingToken, u32)>)> {
+    busy_timeout: Duration,
+) -> Result<(Released, Option<Granted>)> {
+    busy_timeout_for(conn, busy_timeout, Duration::MAX)?;
     let tx = immediate(conn)?;
+    let began = tokio::time::Instant::now();
     let now = now_ms();
     let key = lease.key.as_str();
     let owner = lease.owner.as_str();
@@ -296,7 +340,10 @@ pub(crate) fn release(
         _ => None,
     };
     tx.commit().map_err(db_err)?;
-    Ok((Released::new(u32::try_from(holds - 1).unwrap_or(0)), handed))
+    Ok((
+        Released::new(u32::try_from(holds - 1).unwrap_or(0)),
+        handed.map(|(t, h)| (t, h, began)),
+    ))
 }
 
 pub(crate) fn force_release(conn: &mut Connection, key: &Key) -> Result<()> {
