@@ -75,9 +75,7 @@ pub enum Error {
         what: String,
     },
     /// The backend could not be reached or the connection broke.
-    #[error(
-        "cannot reach {backend} at {addr}: {message}; check that the server runs and the address is right"
-    )]
+    #[error("cannot reach {backend} at {addr}: {message}; {}", connection_hint(.backend))]
     Connection {
         /// The backend's name.
         backend: &'static str,
@@ -94,6 +92,14 @@ pub enum Error {
         /// What the backend said.
         message: String,
     },
+}
+
+/// What to check when `backend` cannot be reached.
+fn connection_hint(backend: &str) -> &'static str {
+    match backend {
+        "sqlite" => "check that the file's directory exists and that this process may write there",
+        _ => "check that the server runs and the address is right",
+    }
 }
 
 impl Error {

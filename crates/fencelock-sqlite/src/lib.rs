@@ -3,23 +3,54 @@
 //!
 //! # Design
 //!
-//! - Two tables, created on first use: `fencelock_locks(key, fence)` keeps each
-//!   key's fence counter forever (so tokens keep rising across releases), and
-//!   `fencelock_holders(key, owner, mode, holds, token, expires_at, acquired_at)`
-//!   has one row per holder.
+//! - Tables, created on first use: `fencelock_locks(key, fence)` keeps each
+//!   key's last token forever, `fencelock_holders(key, owner, mode, holds,
+//!   token, expires_at, acquired_at)` has one row per holder, and
+//!   `fencelock_meta` names the clock the expiry times are on.
 //! - Every change is one `BEGIN IMMEDIATE` transaction (the write lock is taken
 //!   up front, so two processes cannot both read "free" and both insert); reads
 //!   for inspection and for polling waiters are plain WAL reads that never block
-//!   the writer.
-//! - Expiry follows the machine's wall clock stored in the row (`expires_at`, Unix
-//!   milliseconds). A backwards or forwards jump of the wall clock shortens or
-//!   lengthens live leases by as much; the fencing token still protects writes.
+//!   the writer. An acquire or renewal waits at most a third of its TTL for the
+//!   write lock (`busy_timeout`, default 5 s, caps it); a busy file is "not
+//!   now" for an acquire, which tries again until its deadline, and a grant's
+//!   lease counts from its transaction.
+//! - Expiry is kept on the machine's boot-time clock (Linux `CLOCK_BOOTTIME`),
+//!   not the wall clock: a step of the wall clock (NTP, an operator) neither
+//!   frees a live hold nor keeps a dead one. The file records the boot's id;
+//!   holder rows of another boot belong to processes that are gone and are
+//!   deleted. (Elsewhere than Linux the wall clock is used, and its steps
+//!   shorten or lengthen leases by as much.)
+//! - Tokens: `max(the key's last token + 1, the wall clock in µs)`, so a file
+//!   recreated or restored from an older copy never hands out a token again,
+//!   as long as the wall clock does not step back across that.
+//! - Each operation checks that the file, its `-wal` and its `-shm` are still
+//!   the ones it opened (device and inode) and that the file has one name: a
+//!   file deleted, replaced or hard-linked while in use is opened anew, and
+//!   the holds in the old one are lost (their renewal says so).
 //! - Waiters in the same process are woken by the release; waiters in other
 //!   processes poll with jittered backoff (1–50 ms) using a read-only check, and
 //!   wake at the holder's expiry.
 //! - Durability: `synchronous=NORMAL` in WAL mode survives process crashes; a power
-//!   loss may forget the last transactions, fence increments included. Use
-//!   `?synchronous=full` where tokens must survive power loss.
+//!   loss may forget the last transactions, fence increments included (the
+//!   clock floor still keeps tokens rising). Use `?synchronous=full` where
+//!   grants must survive power loss.
+//!
+//! # What an operator must never do with the file
+//!
+//! Exclusion holds among the processes of one machine that open the same
+//! file, on a local filesystem (WAL needs shared memory: never a network
+//! filesystem), while nobody touches the file. So never, while any process
+//! uses it:
+//!
+//! - delete, move or replace the file (or its `-wal` / `-shm`), or restore an
+//!   older copy: the holders learn it at their next renewal (within ttl/3),
+//!   but until then a newcomer on the new file can hold the lock beside them
+//!   (its token is larger, so fenced writes stay safe);
+//! - give it a second name (a hard link): it is refused while it has one;
+//! - let processes of different fencelock versions share it (0.1 files are
+//!   moved onto the boot-time clock when a new version opens them).
+//!
+//! A symlink to the file is fine: SQLite follows it to the one real file.
 //!
 //! # Examples
 //!
@@ -32,7 +63,9 @@
 //! let backend = SqliteBackend::open(dir.path().join("locks.db")).await?;
 //! let locker = Locker::new(backend);
 //! let guard = locker.lock("nightly-report").acquire().await?;
-//! assert_eq!(guard.token().map(|t| t.get()), Some(1));
+//! let token = guard.token().expect("SQLite gives fencing tokens");
+//! // Tokens rise with every grant of the key, floored at the wall clock in µs.
+//! assert!(token.get() > 1_600_000_000_000_000);
 //! guard.release().await?;
 //! # Ok(()) }
 //! ```
@@ -68,9 +101,40 @@ struct Inner {
     /// The longest an operation waits for the file's write lock (an acquire or
     /// a renewal at most a third of its TTL).
     busy_timeout: Duration,
-    conn: Mutex<Connection>,
+    /// To open the file anew when it was replaced.
+    options: SqliteOptions,
+    conn: Mutex<File>,
     /// Wakes waiters of this process when a hold is released here.
     released: Notify,
+}
+
+/// The open lock file.
+struct File {
+    conn: Connection,
+    id: store::Identity,
+}
+
+/// Whether the lock file an operation ran on is the one at the path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Current {
+    /// The file this backend had open, still at the path throughout.
+    Yes,
+    /// It was deleted, replaced or given a second name (why): what this
+    /// backend held in it is worth nothing now.
+    No(String),
+}
+
+impl Current {
+    /// `NotHeld` for a release of a hold that was in a file replaced since.
+    fn check_release(self, lease: &LeaseRef) -> Result<()> {
+        match self {
+            Current::Yes => Ok(()),
+            Current::No(why) => Err(Error::NotHeld {
+                key: format!("{} ({why})", lease.key),
+                owner: lease.owner.to_string(),
+            }),
+        }
+    }
 }
 
 impl SqliteBackend {
@@ -95,14 +159,16 @@ impl SqliteBackend {
         let path = path.as_ref().to_path_buf();
         let p = path.clone();
         let busy_timeout = options.busy_timeout;
-        let conn = tokio::task::spawn_blocking(move || store::open(&p, &options))
+        let o = options.clone();
+        let (conn, id) = tokio::task::spawn_blocking(move || store::open(&p, &o))
             .await
             .map_err(|e| Error::backend(NAME, format!("open task failed: {e}")))??;
         Ok(SqliteBackend {
             inner: Arc::new(Inner {
                 path,
                 busy_timeout,
-                conn: Mutex::new(conn),
+                options,
+                conn: Mutex::new(File { conn, id }),
                 released: Notify::new(),
             }),
         })
@@ -144,10 +210,37 @@ impl SqliteBackend {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<T> + Send + 'static,
     {
+        self.on_file(true, |c, _| f(c)).await.map(|(t, _)| t)
+    }
+
+    /// Runs `f` on the lock file at the path, and says whether that file was
+    /// this backend's throughout: one deleted, replaced or given a second name
+    /// since it was opened is opened anew first if `reopen` (the holds in the
+    /// old one are gone; `f` is told so: `true`), and one that changed while
+    /// `f` ran makes `f`'s result stale.
+    async fn on_file<T, F>(&self, reopen: bool, f: F) -> Result<(T, Current)>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection, bool) -> Result<T> + Send + 'static,
+    {
         let inner = self.inner.clone();
         tokio::task::spawn_blocking(move || {
-            let mut conn = inner.conn.lock().unwrap_or_else(|p| p.into_inner());
-            f(&mut conn)
+            let mut file = inner.conn.lock().unwrap_or_else(|p| p.into_inner());
+            let mut current = Current::Yes;
+            if let Err(why) = file.id.check() {
+                if reopen {
+                    let (conn, id) = store::open(&inner.path, &inner.options)?;
+                    *file = File { conn, id };
+                }
+                current = Current::No(why);
+            }
+            let out = f(&mut file.conn, current != Current::Yes)?;
+            if current == Current::Yes
+                && let Err(why) = file.id.check()
+            {
+                current = Current::No(why);
+            }
+            Ok((out, current))
         })
         .await
         .map_err(|e| Error::backend(NAME, format!("database task failed: {e}")))?
@@ -184,9 +277,11 @@ impl Backend for SqliteBackend {
     async fn try_acquire(&self, req: &Request) -> Result<Option<Grant>> {
         let r = req.clone();
         let busy = self.inner.busy_timeout;
-        let granted = self
-            .with_conn(move |c| store::try_acquire(c, &r, busy))
+        let (granted, current) = self
+            .on_file(true, move |c, _| store::try_acquire(c, &r, busy))
             .await?;
+        // A grant in a file that was replaced meanwhile is worth nothing.
+        let granted = granted.filter(|_| current == Current::Yes);
         // Valid from the transaction that set the expiry, not from the call:
         // another process may have kept the file's write lock meanwhile.
         Ok(granted.map(|(token, holds, began)| Grant::new(Some(token), req.ttl, holds, began)))
@@ -221,18 +316,41 @@ impl Backend for SqliteBackend {
     }
 
     async fn renew(&self, leases: &[LeaseRef]) -> Result<Vec<Renewal>> {
+        let n = leases.len();
         let leases = leases.to_vec();
         let busy = self.inner.busy_timeout;
-        self.with_conn(move |c| store::renew(c, &leases, busy))
-            .await
+        // A renewal in a file that is not (or no longer) the one at the path
+        // renews nothing another process sees.
+        match self
+            // Not reopened here: a file with a second name cannot be, and
+            // its holds are lost either way.
+            .on_file(false, move |c, reopened| {
+                if reopened {
+                    Ok(Vec::new())
+                } else {
+                    store::renew(c, &leases, busy)
+                }
+            })
+            .await?
+        {
+            (renewals, Current::Yes) => Ok(renewals),
+            (_, Current::No(why)) => Ok(vec![Renewal::Lost { reason: why }; n]),
+        }
     }
 
     async fn release(&self, lease: &LeaseRef) -> Result<Released> {
         let l = lease.clone();
         let busy = self.inner.busy_timeout;
-        let (released, _) = self
-            .with_conn(move |c| store::release(c, &l, None, busy))
+        let ((released, _), current) = self
+            .on_file(true, move |c, reopened| {
+                if reopened {
+                    Ok((Released::new(0), None))
+                } else {
+                    store::release(c, &l, None, busy)
+                }
+            })
             .await?;
+        current.check_release(lease)?;
         if released.remaining == 0 {
             self.inner.released.notify_waiters();
         }
@@ -246,9 +364,16 @@ impl Backend for SqliteBackend {
     ) -> Result<(Released, Option<Grant>)> {
         let (l, n) = (lease.clone(), next.clone());
         let busy = self.inner.busy_timeout;
-        let (released, handed) = self
-            .with_conn(move |c| store::release(c, &l, Some(&n), busy))
+        let ((released, handed), current) = self
+            .on_file(true, move |c, reopened| {
+                if reopened {
+                    Ok((Released::new(0), None))
+                } else {
+                    store::release(c, &l, Some(&n), busy)
+                }
+            })
             .await?;
+        current.check_release(lease)?;
         let grant =
             handed.map(|(token, holds, began)| Grant::new(Some(token), next.ttl, holds, began));
         if released.remaining == 0 && grant.is_none() {

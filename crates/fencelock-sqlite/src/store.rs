@@ -20,6 +20,10 @@ CREATE TABLE IF NOT EXISTS fencelock_locks (
     key   TEXT PRIMARY KEY NOT NULL,
     fence INTEGER NOT NULL
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS fencelock_meta (
+    k TEXT PRIMARY KEY NOT NULL,
+    v TEXT NOT NULL
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS fencelock_holders (
     key         TEXT NOT NULL,
     owner       TEXT NOT NULL,
@@ -46,15 +50,187 @@ fn db_err(e: rusqlite::Error) -> Error {
     }
 }
 
+/// The clock expiry times are kept on: the machine's boot-time clock (Linux
+/// `CLOCK_BOOTTIME`, which steps neither with the wall clock nor stops in a
+/// suspend), named by the boot's id, so that rows from before a reboot are
+/// recognised; elsewhere the wall clock.
+struct ExpiryClock;
+
+impl ExpiryClock {
+    /// Now, in ms.
+    #[cfg(target_os = "linux")]
+    fn now_ms() -> i64 {
+        match nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME) {
+            Ok(t) => t.tv_sec().saturating_mul(1000) + t.tv_nsec() / 1_000_000,
+            Err(_) => unix_millis(std::time::SystemTime::now()),
+        }
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn now_ms() -> i64 {
+        unix_millis(std::time::SystemTime::now())
+    }
+
+    /// The name of this clock's epoch: `boot:<boot id>`, or `wall`.
+    fn epoch() -> &'static str {
+        static EPOCH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        EPOCH.get_or_init(|| {
+            #[cfg(target_os = "linux")]
+            if let Ok(id) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") {
+                return format!("boot:{}", id.trim());
+            }
+            "wall".to_string()
+        })
+    }
+}
+
 fn now_ms() -> i64 {
-    unix_millis(fencelock_core::clock::wall_now())
+    ExpiryClock::now_ms()
+}
+
+/// The wall clock in µs: the floor of every new token, so that a recreated
+/// or restored file cannot hand out a token again (while the wall clock does
+/// not step back across it).
+fn token_floor() -> i64 {
+    fencelock_core::clock::wall_now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
+/// Brings the file's expiry times onto this process's clock, inside a write
+/// transaction: rows of another boot are of processes that are gone (deleted);
+/// rows of a file without an epoch, or on the wall clock, are moved onto the
+/// boot-time clock.
+fn align_clock(tx: &Transaction<'_>) -> Result<()> {
+    let epoch = ExpiryClock::epoch();
+    let theirs: Option<String> = tx
+        .prepare_cached("SELECT v FROM fencelock_meta WHERE k = 'clock'")
+        .and_then(|mut s| s.query_row([], |r| r.get(0)).optional())
+        .map_err(db_err)?;
+    if theirs.as_deref() == Some(epoch) {
+        return Ok(());
+    }
+    match theirs.as_deref() {
+        // Unix ms (a file of an earlier version, or of a system without a
+        // boot clock): shift onto this clock.
+        None | Some("wall") if epoch != "wall" => {
+            let shift = unix_millis(std::time::SystemTime::now()) - now_ms();
+            tx.execute(
+                "UPDATE fencelock_holders SET expires_at = expires_at - ?1, acquired_at = acquired_at - ?1",
+                params![shift],
+            )
+            .map_err(db_err)?;
+        }
+        None => {}
+        // Another boot: its holders died with it.
+        Some(_) => {
+            tx.execute("DELETE FROM fencelock_holders", [])
+                .map_err(db_err)?;
+        }
+    }
+    tx.execute(
+        "INSERT INTO fencelock_meta (k, v) VALUES ('clock', ?1)
+         ON CONFLICT (k) DO UPDATE SET v = excluded.v",
+        params![epoch],
+    )
+    .map_err(db_err)?;
+    Ok(())
 }
 
 fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-pub(crate) fn open(path: &Path, options: &SqliteOptions) -> Result<Connection> {
+/// The lock file, its WAL and its shared-memory file as a connection opened
+/// them (device, inode): processes exclude each other only through the same
+/// three files, so a file deleted, replaced or given a second name while in
+/// use ends what this connection's holds are worth.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Identity {
+    files: Vec<(std::path::PathBuf, u64, u64)>,
+}
+
+fn with_suffix(path: &Path, suffix: &str) -> std::path::PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(suffix);
+    p.into()
+}
+
+/// Refuses a lock file with more than one name: SQLite keeps a WAL and a
+/// shared-memory file per name, so processes using different names would
+/// not exclude each other.
+fn one_name(path: &Path, meta: &std::fs::Metadata) -> std::result::Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    match meta.nlink() {
+        0 => Err(format!("the lock file {} was deleted", path.display())),
+        1 => Ok(()),
+        n => Err(format!(
+            "the lock file {} has {n} names (hard links): processes using another name would not exclude these (each name has a WAL of its own); remove the other links",
+            path.display()
+        )),
+    }
+}
+
+impl Identity {
+    /// The files of the lock file at `path` now.
+    pub(crate) fn of(path: &Path) -> std::result::Result<Identity, String> {
+        use std::os::unix::fs::MetadataExt;
+        let mut files = Vec::with_capacity(3);
+        for suffix in ["", "-wal", "-shm"] {
+            let p = with_suffix(path, suffix);
+            match std::fs::metadata(&p) {
+                Ok(m) => {
+                    if suffix.is_empty() {
+                        one_name(path, &m)?;
+                    }
+                    files.push((p, m.dev(), m.ino()));
+                }
+                Err(e) if suffix.is_empty() => {
+                    return Err(format!("cannot look at {}: {e}", path.display()));
+                }
+                Err(_) => {}
+            }
+        }
+        Ok(Identity { files })
+    }
+
+    /// Why the files at the path are no longer these, if they are not.
+    pub(crate) fn check(&self) -> std::result::Result<(), String> {
+        use std::os::unix::fs::MetadataExt;
+        for (i, (p, dev, ino)) in self.files.iter().enumerate() {
+            let m = std::fs::metadata(p).map_err(|_| {
+                format!(
+                    "{} was deleted while in use: the lock file is no longer the one every process shares",
+                    p.display()
+                )
+            })?;
+            if i == 0 {
+                one_name(p, &m)?;
+            }
+            if (m.dev(), m.ino()) != (*dev, *ino) {
+                return Err(format!(
+                    "{} was replaced while in use: the lock file is no longer the one every process shares",
+                    p.display()
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Opens the lock file at `path`, creating it and its tables if needed; with
+/// the identity of its files once open.
+pub(crate) fn open(path: &Path, options: &SqliteOptions) -> Result<(Connection, Identity)> {
+    let addr = format!("sqlite://{}", path.display());
+    if let Ok(m) = std::fs::metadata(path) {
+        one_name(path, &m).map_err(|e| Error::connection(NAME, &addr, e))?;
+    }
+    let conn = open_connection(path, options)?;
+    let id = Identity::of(path).map_err(|e| Error::connection(NAME, &addr, e))?;
+    Ok((conn, id))
+}
+
+fn open_connection(path: &Path, options: &SqliteOptions) -> Result<Connection> {
     let addr = format!("sqlite://{}", path.display());
     let conn_err = |e: rusqlite::Error| Error::connection(NAME, &addr, e);
     let conn = Connection::open_with_flags(
@@ -88,13 +264,17 @@ pub(crate) fn open(path: &Path, options: &SqliteOptions) -> Result<Connection> {
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(conn_err)?;
     tx.execute_batch(SCHEMA).map_err(conn_err)?;
+    align_clock(&tx)?;
     tx.commit().map_err(conn_err)?;
     Ok(conn)
 }
 
 fn immediate(conn: &mut Connection) -> Result<Transaction<'_>> {
-    conn.transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(db_err)
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(db_err)?;
+    align_clock(&tx)?;
+    Ok(tx)
 }
 
 /// Whether `e` is another process keeping the file's write lock past the
@@ -183,6 +363,7 @@ pub(crate) fn try_acquire(
         Err(e) if is_busy(&e) => return Ok(None),
         Err(e) => return Err(db_err(e)),
     };
+    align_clock(&tx)?;
     let began = tokio::time::Instant::now();
     let now = now_ms();
     purge(&tx, req.key.as_str(), now)?;
@@ -221,10 +402,11 @@ fn grant(tx: &Transaction<'_>, req: &Request, now: i64) -> Result<Option<(Fencin
         Admission::Grant => {
             let fence: i64 = tx
                 .prepare_cached(
-                    "INSERT INTO fencelock_locks (key, fence) VALUES (?1, 1)
-                     ON CONFLICT (key) DO UPDATE SET fence = fence + 1 RETURNING fence",
+                    "INSERT INTO fencelock_locks (key, fence) VALUES (?1, ?2)
+                     ON CONFLICT (key) DO UPDATE SET fence = max(fence + 1, excluded.fence)
+                     RETURNING fence",
                 )
-                .and_then(|mut s| s.query_row(params![key], |r| r.get(0)))
+                .and_then(|mut s| s.query_row(params![key, token_floor()], |r| r.get(0)))
                 .map_err(db_err)?;
             tx.prepare_cached(
                 "INSERT INTO fencelock_holders (key, owner, mode, holds, token, expires_at, acquired_at)

@@ -73,4 +73,9 @@ async fn unopenable_path_is_a_connection_error_naming_it() {
         err.to_string().contains("/nonexistent-dir/x/locks.db"),
         "{err}"
     );
+    // A file has no server: the hint is about the directory.
+    assert!(
+        !err.to_string().contains("server") && err.to_string().contains("directory"),
+        "{err}"
+    );
 }
