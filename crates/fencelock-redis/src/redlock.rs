@@ -68,9 +68,10 @@
 //! machine is not suspended; the fencing token is what protects the resource
 //! when they do not.
 //!
-//! A reentrant acquire returns the token of the hold it adds to, unless an
-//! instance that missed the first hold grants it anew: then the largest
-//! answer, a larger token (never a smaller one).
+//! A reentrant acquire returns the token of the hold it adds to, as the
+//! instances that have that hold answer; an instance that missed the first
+//! hold grants it anew with a larger token, which only raises what later
+//! holders draw above.
 //!
 //! # Modes
 //!
@@ -656,7 +657,20 @@ impl RedlockBackend {
         self.observe(readings);
         let valid = |at: Instant| at.duration_since(start) + drift_allowance(req.ttl) < req.ttl;
         if granted.len() >= self.quorum() && valid(Instant::now()) {
-            let tokens: Vec<u64> = granted.iter().map(|(t, _)| *t).collect();
+            // A reentrant acquire adds to a hold: its token is that hold's, as
+            // the instances that had it answer (an instance that missed the
+            // hold grants it anew with a larger token, which only raises what
+            // later holders draw above).
+            let reentered: Vec<u64> = granted
+                .iter()
+                .filter(|(_, h)| *h > 1)
+                .map(|(t, _)| *t)
+                .collect();
+            let tokens: Vec<u64> = if req.reentrant && !reentered.is_empty() {
+                reentered
+            } else {
+                granted.iter().map(|(t, _)| *t).collect()
+            };
             if let Some(token) = self.settle_token(req, &tokens, timeout).await
                 && valid(Instant::now())
             {

@@ -661,3 +661,48 @@ async fn an_acquire_cancelled_while_instances_are_slow_leaves_no_hold() {
         "the cancelled acquire left holds {on:?} (TTL 60 s)"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reentrant_acquire_keeps_the_token_of_the_hold_it_adds_to() {
+    // Instances 3 and 4 miss the first hold (their connections reset); a
+    // reentrant acquire then reaches all five: 0, 1, 2 add to the hold, 3 and
+    // 4 grant it anew with larger tokens. The token stays the hold's.
+    let five = Five::start();
+    let px = proxies(&five).await;
+    let url = url_through(&px, "");
+    let a = Locker::new(RedlockBackend::connect(&url).await.unwrap());
+    px[3].cut();
+    px[4].cut();
+    let g1 = a
+        .lock("re")
+        .owner("same-owner")
+        .ttl(Duration::from_secs(20))
+        .acquire()
+        .await
+        .unwrap();
+    px[3].restore();
+    px[4].restore();
+    // A client that has not seen 3 and 4 fail, with the same owner.
+    let b = Locker::new(RedlockBackend::connect(&url).await.unwrap());
+    let g2 = b
+        .lock("re")
+        .owner("same-owner")
+        .ttl(Duration::from_secs(20))
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("the owner re-enters its hold");
+    assert_eq!(g2.holds(), 2);
+    assert_eq!(
+        g2.token(),
+        g1.token(),
+        "a reentrant acquire changed the hold's token"
+    );
+    let t1 = g1.token();
+    g2.release().await.unwrap();
+    g1.release().await.unwrap();
+    // A later holder's token is above the hold's.
+    let g3 = a.lock("re").try_acquire().await.unwrap().expect("free");
+    assert!(g3.token() > t1);
+    g3.release().await.unwrap();
+}
