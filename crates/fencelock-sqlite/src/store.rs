@@ -230,9 +230,38 @@ pub(crate) fn open(path: &Path, options: &SqliteOptions) -> Result<(Connection, 
     Ok((conn, id))
 }
 
+/// Opens the file, tried again while other processes keep it busy (up to the
+/// busy timeout): SQLite answers some steps of opening — switching a new file
+/// to WAL among them — with "busy" at once, without waiting.
 fn open_connection(path: &Path, options: &SqliteOptions) -> Result<Connection> {
+    let give_up = std::time::Instant::now() + options.busy_timeout;
+    let mut pause = Duration::from_millis(2);
+    loop {
+        match open_once(path, options) {
+            Err(OpenError::Busy(_)) if std::time::Instant::now() + pause < give_up => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(100));
+            }
+            Err(OpenError::Busy(e) | OpenError::Other(e)) => return Err(e),
+            Ok(c) => return Ok(c),
+        }
+    }
+}
+
+enum OpenError {
+    Busy(Error),
+    Other(Error),
+}
+
+fn open_once(path: &Path, options: &SqliteOptions) -> std::result::Result<Connection, OpenError> {
     let addr = format!("sqlite://{}", path.display());
-    let conn_err = |e: rusqlite::Error| Error::connection(NAME, &addr, e);
+    let conn_err = |e: rusqlite::Error| {
+        if is_busy(&e) {
+            OpenError::Busy(Error::connection(NAME, &addr, e))
+        } else {
+            OpenError::Other(Error::connection(NAME, &addr, e))
+        }
+    };
     let conn = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_WRITE
@@ -245,13 +274,13 @@ fn open_connection(path: &Path, options: &SqliteOptions) -> Result<Connection> {
         .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
         .map_err(conn_err)?;
     if !mode.eq_ignore_ascii_case("wal") {
-        return Err(Error::connection(
+        return Err(OpenError::Other(Error::connection(
             NAME,
             &addr,
             format!(
                 "cannot switch the lock file to WAL mode (got {mode}); is it on a network filesystem?"
             ),
-        ));
+        )));
     }
     let sync = match options.synchronous {
         Synchronous::Normal => "NORMAL",
@@ -264,7 +293,7 @@ fn open_connection(path: &Path, options: &SqliteOptions) -> Result<Connection> {
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(conn_err)?;
     tx.execute_batch(SCHEMA).map_err(conn_err)?;
-    align_clock(&tx)?;
+    align_clock(&tx).map_err(OpenError::Other)?;
     tx.commit().map_err(conn_err)?;
     Ok(conn)
 }
