@@ -16,6 +16,9 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 echo "== tests"
 cargo test --workspace --all-features
 
+echo "== torture (a short fault campaign per backend, fixed seeds)"
+FENCELOCK_BIN=target/debug/fencelock scripts/torture.sh --ci
+
 echo "== docs"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features
 

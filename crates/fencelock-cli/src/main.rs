@@ -1,4 +1,4 @@
-//! The `fencelock` command: `run`, `demo`, `bench`, `status`, `list`.
+//! The `fencelock` command: `run`, `demo`, `bench`, `torture`, `status`, `list`.
 
 mod bench;
 mod bench_procs;
@@ -9,6 +9,7 @@ mod inspect;
 mod plot;
 mod process_tree;
 mod run;
+mod torture;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -68,6 +69,8 @@ fn main() -> ExitCode {
             Command::BenchWorker(args) => bench_procs::worker(args).await,
             Command::Status(args) => inspect::status(args).await,
             Command::List(args) => inspect::list(args).await,
+            Command::Torture(args) => torture::torture(args).await,
+            Command::TortureClient(args) => torture::client(args).await,
             Command::Reap(_) => exit::FAILURE,
         }
     });

@@ -1,0 +1,448 @@
+//! The checks over a whole campaign's history.
+//!
+//! A hold's interval runs from the grant being seen to the end of its believed
+//! validity (release about to be sent, `lost()` fired, or the deadline passed);
+//! for a client that died holding, to its death. The times come from one wall
+//! clock that every process on the machine shares, so an overlap of two such
+//! intervals proves that two holders both believed they held.
+
+use std::collections::{BTreeMap, HashMap};
+
+use fencelock::Mode;
+
+use crate::events::Event;
+use crate::register::Write;
+
+/// One hold as the checks see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hold {
+    /// `CLIENT#N`.
+    pub id: String,
+    /// The key.
+    pub key: String,
+    /// The mode.
+    pub mode: Mode,
+    /// The fencing token.
+    pub token: Option<u64>,
+    /// Grant seen.
+    pub start_ns: u128,
+    /// Believed validity ended.
+    pub end_ns: u128,
+    /// Why it ended (`released`, `lost:…`, `expired`, `died`).
+    pub reason: String,
+    /// The guard was already invalid when it arrived.
+    pub late: bool,
+}
+
+/// A fault as it was injected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FaultRecord {
+    /// Its name (`pause`, `partition`, …).
+    pub kind: String,
+    /// What it hit (a client, a server member).
+    pub target: String,
+    /// When it began.
+    pub start_ns: u128,
+    /// When it healed.
+    pub heal_ns: u128,
+}
+
+/// Everything the checks look at.
+#[derive(Debug, Default)]
+pub struct History {
+    /// The clients' events, each with the client's name.
+    pub events: Vec<(String, Event)>,
+    /// When each client process ended (killed, or stopped at the end).
+    pub gone_ns: HashMap<String, u128>,
+    /// The register's writes.
+    pub writes: Vec<Write>,
+    /// The faults.
+    pub faults: Vec<FaultRecord>,
+}
+
+/// The findings.
+#[derive(Debug, Default, Clone)]
+pub struct Findings {
+    /// Holds seen.
+    pub grants: usize,
+    /// Holds whose lease was lost (or expired) before release.
+    pub lost: usize,
+    /// Acquires that gave up after their wait.
+    pub timeouts: usize,
+    /// Failed acquires and releases.
+    pub errors: usize,
+    /// Pairs of incompatible holds of one key that overlapped.
+    pub overlaps: usize,
+    /// Moments a semaphore had more holders than permits.
+    pub over_permits: usize,
+    /// Grants whose token was not larger than one of a hold that ended before.
+    pub token_regressions: usize,
+    /// Writes the register accepted from a hold after a later-granted hold of the key had written.
+    pub superseded_accepted: usize,
+    /// Writes the register rejected (stale tokens: fencing at work).
+    pub stale_rejected: usize,
+    /// Writes the register accepted.
+    pub writes_accepted: usize,
+    /// Guards that were invalid on arrival.
+    pub lost_on_arrival: usize,
+    /// The longest time from a fault's healing to the next grant, in ms.
+    pub max_recovery_ms: u64,
+    /// The longest time a key had no holder, in ms.
+    pub max_unavailable_ms: u64,
+    /// The first few violations, described with the history lines that show them.
+    pub examples: Vec<String>,
+}
+
+impl Findings {
+    /// Overlaps, permits exceeded, token regressions, superseded writes and
+    /// late guards — everything a correct lock never shows.
+    pub fn violations(&self) -> usize {
+        self.overlaps
+            + self.over_permits
+            + self.token_regressions
+            + self.superseded_accepted
+            + self.lost_on_arrival
+    }
+}
+
+const EXAMPLES: usize = 6;
+
+/// The holds of a history, by key.
+pub fn holds(h: &History) -> BTreeMap<String, Vec<Hold>> {
+    let mut ends: HashMap<&str, (u128, &str)> = HashMap::new();
+    for (_, e) in &h.events {
+        if let Event::End {
+            hold,
+            end_ns,
+            reason,
+        } = e
+        {
+            ends.insert(hold, (*end_ns, reason));
+        }
+    }
+    let mut by_key: BTreeMap<String, Vec<Hold>> = BTreeMap::new();
+    for (client, e) in &h.events {
+        if let Event::Grant {
+            hold,
+            key,
+            mode,
+            token,
+            seen_ns,
+            valid_on_arrival,
+            ..
+        } = e
+        {
+            let (end_ns, reason) = match ends.get(hold.as_str()) {
+                Some((end, reason)) => (*end, reason.to_string()),
+                None => (
+                    h.gone_ns.get(client).copied().unwrap_or(u128::MAX),
+                    "died".to_string(),
+                ),
+            };
+            by_key.entry(key.clone()).or_default().push(Hold {
+                id: hold.clone(),
+                key: key.clone(),
+                mode: *mode,
+                token: *token,
+                start_ns: *seen_ns,
+                end_ns: end_ns.max(*seen_ns),
+                reason,
+                late: !valid_on_arrival,
+            });
+        }
+    }
+    for v in by_key.values_mut() {
+        v.sort_by_key(|h| (h.start_ns, h.end_ns));
+    }
+    by_key
+}
+
+/// Runs every check.
+pub fn check(h: &History) -> Findings {
+    let by_key = holds(h);
+    let t0 = h
+        .events
+        .iter()
+        .filter_map(|(_, e)| match e {
+            Event::Grant { seen_ns, .. } => Some(*seen_ns),
+            _ => None,
+        })
+        .min()
+        .unwrap_or(0);
+    let mut f = Findings::default();
+    let example = |f: &mut Findings, text: String| {
+        if f.examples.len() < EXAMPLES {
+            f.examples.push(text);
+        }
+    };
+    let show = |x: &Hold| {
+        format!(
+            "{} {} token {} from +{} ms to +{} ms ({})",
+            x.id,
+            x.mode,
+            x.token.map_or("-".into(), |t| t.to_string()),
+            ms(x.start_ns.saturating_sub(t0)),
+            ms(x.end_ns.saturating_sub(t0)),
+            x.reason
+        )
+    };
+    for (_, e) in &h.events {
+        match e {
+            Event::Timeout { .. } => f.timeouts += 1,
+            Event::Error { .. } => f.errors += 1,
+            _ => {}
+        }
+    }
+    for (key, holds) in &by_key {
+        f.grants += holds.len();
+        f.lost += holds.iter().filter(|x| x.reason != "released").count();
+        for x in holds.iter().filter(|x| x.late) {
+            f.lost_on_arrival += 1;
+            example(&mut f, format!("lost on arrival on {key}: {}", show(x)));
+        }
+        // Exclusion and permits: sweep in grant order.
+        let mut active: Vec<&Hold> = Vec::new();
+        for x in holds {
+            active.retain(|a| a.end_ns > x.start_ns);
+            for a in &active {
+                if !x.mode.compatible_with(a.mode) {
+                    f.overlaps += 1;
+                    let text = format!(
+                        "overlap on {key}: {} while {}{}",
+                        show(x),
+                        show(a),
+                        faults_during(h, a.start_ns, x.end_ns, t0)
+                    );
+                    example(&mut f, text);
+                }
+            }
+            active.push(x);
+            if let Mode::Semaphore { permits } = x.mode {
+                let n = active
+                    .iter()
+                    .filter(|a| matches!(a.mode, Mode::Semaphore { .. }))
+                    .count();
+                if n > permits as usize {
+                    f.over_permits += 1;
+                    example(
+                        &mut f,
+                        format!("{n} holders of {permits} permits on {key}: {}", show(x)),
+                    );
+                }
+            }
+        }
+        // Tokens: larger than that of every hold that ended before the grant.
+        let mut ended: Vec<&Hold> = holds.iter().filter(|x| x.token.is_some()).collect();
+        ended.sort_by_key(|x| x.end_ns);
+        let mut i = 0;
+        let mut max: Option<&Hold> = None;
+        for x in holds.iter().filter(|x| x.token.is_some()) {
+            while i < ended.len() && ended[i].end_ns < x.start_ns {
+                if max.is_none_or(|m| ended[i].token > m.token) {
+                    max = Some(ended[i]);
+                }
+                i += 1;
+            }
+            if let Some(m) = max
+                && x.token <= m.token
+            {
+                f.token_regressions += 1;
+                let text = format!(
+                    "token did not rise on {key}: {} after {}{}",
+                    show(x),
+                    show(m),
+                    faults_during(h, m.start_ns, x.start_ns, t0)
+                );
+                example(&mut f, text);
+            }
+        }
+        // Unavailability: the longest stretch without a holder.
+        let mut covered = holds.first().map_or(0, |x| x.start_ns);
+        for x in holds {
+            if x.start_ns > covered {
+                f.max_unavailable_ms = f.max_unavailable_ms.max(ms(x.start_ns - covered));
+            }
+            covered = covered.max(x.end_ns);
+        }
+    }
+    // Superseded writes: accepted after a later-granted hold of the key wrote.
+    let starts: HashMap<&str, u128> = by_key
+        .values()
+        .flatten()
+        .map(|x| (x.id.as_str(), x.start_ns))
+        .collect();
+    let mut newest: HashMap<&str, (u128, &str)> = HashMap::new();
+    for w in &h.writes {
+        if !w.accepted {
+            f.stale_rejected += 1;
+            continue;
+        }
+        f.writes_accepted += 1;
+        let start = starts.get(w.hold.as_str()).copied().unwrap_or(0);
+        match newest.get(w.key.as_str()) {
+            Some(&(s, by)) if s > start && by != w.hold => {
+                f.superseded_accepted += 1;
+                let text = format!(
+                    "superseded write accepted on {}: {} (token {:?}) wrote at +{} ms after {} (granted later) had written",
+                    w.key,
+                    w.hold,
+                    w.token,
+                    ms(w.at_ns.saturating_sub(t0)),
+                    by
+                );
+                example(&mut f, text);
+            }
+            Some(&(s, _)) if s >= start => {}
+            _ => {
+                newest.insert(&w.key, (start, &w.hold));
+            }
+        }
+    }
+    // Recovery: from each fault's healing to the next grant.
+    let mut grants: Vec<u128> = by_key.values().flatten().map(|x| x.start_ns).collect();
+    grants.sort_unstable();
+    for fault in &h.faults {
+        let i = grants.partition_point(|&g| g < fault.heal_ns);
+        if let Some(&g) = grants.get(i) {
+            f.max_recovery_ms = f.max_recovery_ms.max(ms(g - fault.heal_ns));
+        }
+    }
+    f
+}
+
+fn ms(ns: u128) -> u64 {
+    u64::try_from(ns / 1_000_000).unwrap_or(u64::MAX)
+}
+
+/// ` (faults then: …)` for the faults active between `from` and `to`.
+fn faults_during(h: &History, from: u128, to: u128, t0: u128) -> String {
+    let active: Vec<String> = h
+        .faults
+        .iter()
+        .filter(|x| x.start_ns <= to && x.heal_ns >= from)
+        .map(|x| {
+            format!(
+                "{} of {} +{}..+{} ms",
+                x.kind,
+                x.target,
+                ms(x.start_ns.saturating_sub(t0)),
+                ms(x.heal_ns.saturating_sub(t0))
+            )
+        })
+        .collect();
+    if active.is_empty() {
+        String::new()
+    } else {
+        format!(" (faults then: {})", active.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grant(hold: &str, key: &str, mode: Mode, token: u64, seen: u128) -> (String, Event) {
+        let client = hold.split('#').next().unwrap_or("").to_string();
+        (
+            client,
+            Event::Grant {
+                hold: hold.into(),
+                key: key.into(),
+                mode,
+                token: Some(token),
+                seen_ns: seen,
+                valid_ns: seen + 100,
+                valid_on_arrival: true,
+            },
+        )
+    }
+
+    fn end(hold: &str, at: u128) -> (String, Event) {
+        let client = hold.split('#').next().unwrap_or("").to_string();
+        (
+            client,
+            Event::End {
+                hold: hold.into(),
+                end_ns: at,
+                reason: "released".into(),
+            },
+        )
+    }
+
+    fn write(hold: &str, token: u64, at: u128, accepted: bool) -> Write {
+        Write {
+            at_ns: at,
+            key: "k".into(),
+            token: Some(token),
+            hold: hold.into(),
+            accepted,
+        }
+    }
+
+    #[test]
+    fn a_clean_history_has_no_violation() {
+        let h = History {
+            events: vec![
+                grant("a#1", "k", Mode::Exclusive, 1, 0),
+                end("a#1", 10),
+                grant("b#1", "k", Mode::Exclusive, 2, 11),
+                end("b#1", 20),
+                grant("r#1", "rw", Mode::Shared, 1, 0),
+                grant("s#1", "rw", Mode::Shared, 2, 5),
+                end("r#1", 10),
+                end("s#1", 12),
+            ],
+            writes: vec![write("a#1", 1, 5, true), write("b#1", 2, 15, true)],
+            ..History::default()
+        };
+        let f = check(&h);
+        assert_eq!((f.grants, f.violations()), (4, 0), "{:?}", f.examples);
+    }
+
+    #[test]
+    fn overlaps_regressions_and_superseded_writes_are_counted() {
+        let h = History {
+            events: vec![
+                grant("a#1", "k", Mode::Exclusive, 5, 0),
+                end("a#1", 10),
+                grant("b#1", "k", Mode::Exclusive, 3, 5), // overlaps a, and token went back
+                end("b#1", 20),
+                grant("c#1", "k", Mode::Exclusive, 4, 30), // after b (3) ended: fine; after a (5): not
+            ],
+            gone_ns: HashMap::from([("c".to_string(), 40)]),
+            writes: vec![
+                write("b#1", 3, 6, true), // with no fencing register in between
+                write("a#1", 5, 8, true), // a was granted earlier than b, which wrote: superseded
+                write("c#1", 4, 31, false),
+            ],
+            ..History::default()
+        };
+        let f = check(&h);
+        assert_eq!(f.overlaps, 1, "{:?}", f.examples);
+        assert_eq!(f.token_regressions, 1, "{:?}", f.examples);
+        assert_eq!(f.superseded_accepted, 1, "{:?}", f.examples);
+        assert_eq!(f.stale_rejected, 1);
+        assert_eq!(
+            holds(&h)["k"][2].end_ns,
+            40,
+            "a dead client's hold ends at its death"
+        );
+    }
+
+    #[test]
+    fn semaphores_may_not_exceed_their_permits() {
+        let s = Mode::Semaphore { permits: 2 };
+        let h = History {
+            events: vec![
+                grant("a#1", "s", s, 1, 0),
+                grant("b#1", "s", s, 2, 1),
+                grant("c#1", "s", s, 3, 2),
+                end("a#1", 10),
+                end("b#1", 10),
+                end("c#1", 10),
+            ],
+            ..History::default()
+        };
+        assert_eq!(check(&h).over_permits, 1);
+    }
+}

@@ -1,0 +1,223 @@
+//! One torture client: a separate OS process (the binary re-executing itself)
+//! that loops on three keys — exclusive, read/write, a 2-permit semaphore —
+//! writes to the register under every exclusive hold, and prints each event
+//! (see [`crate::events`]) on stdout.
+//!
+//! Stdin carries the controller's commands: `clock MS` shifts this process's
+//! wall clock as fencelock reads it (the clock-offset fault); end of input
+//! ends the process at once, so no client outlives its controller.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use fencelock::{Error, Guard, Hold, Locker, Mode};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use crate::events::Event;
+use crate::register::RegisterClient;
+
+/// What one client does.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// The backend URL (through this client's fault proxies).
+    pub backend: String,
+    /// The client's name; holds are `NAME#N`.
+    pub name: String,
+    /// The register's address.
+    pub register: SocketAddr,
+    /// The TTL of every hold.
+    pub ttl: Duration,
+    /// The seed of this client's choices.
+    pub seed: u64,
+    /// A negative control: write on after `lost()` fired or the deadline passed.
+    pub ignore_lost: bool,
+    /// The prefix of the three keys.
+    pub prefix: String,
+}
+
+/// The keys a campaign uses under `prefix`, with the mode each is taken in.
+pub fn keys(prefix: &str) -> [String; 3] {
+    [
+        format!("{prefix}/x"),
+        format!("{prefix}/rw"),
+        format!("{prefix}/sem"),
+    ]
+}
+
+/// Permits of the semaphore key.
+pub const PERMITS: u32 = 2;
+
+/// Runs the client until stdin closes; returns the process's exit status.
+pub async fn client(cfg: ClientConfig) -> u8 {
+    tokio::spawn(commands());
+    let locker = match connect(&cfg.backend).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("torture client {}: {e}", cfg.name);
+            return 69;
+        }
+    };
+    let mut register = match RegisterClient::connect(cfg.register).await {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("torture client {}: register: {e}", cfg.name);
+            return 1;
+        }
+    };
+    let caps = locker.capabilities();
+    let [kx, krw, ksem] = keys(&cfg.prefix);
+    let mut rng = fastrand::Rng::with_seed(cfg.seed);
+    let ttl = cfg.ttl;
+    for n in 0u64.. {
+        let roll = rng.u32(0..100);
+        let (key, builder) = match roll {
+            0..55 => (&kx, locker.lock(&kx)),
+            55..70 => (&krw, locker.lock(&krw)),
+            70..85 if caps.shared => (&krw, locker.read_lock(&krw)),
+            85..100 if caps.semaphore => (&ksem, locker.semaphore(&ksem, PERMITS)),
+            _ => (&kx, locker.lock(&kx)),
+        };
+        let wait = ttl.mul_f64(1.0 + 2.0 * rng.f64());
+        match builder.ttl(ttl).wait(wait).acquire().await {
+            Ok(guard) => {
+                let hold = format!("{}#{n}", cfg.name);
+                work(&cfg, &mut rng, &mut register, key, &hold, guard).await;
+            }
+            Err(Error::Timeout { .. }) => emit(&Event::Timeout {
+                at_ns: Hold::now_ns(),
+            }),
+            Err(e) => {
+                emit(&Event::Error {
+                    at_ns: Hold::now_ns(),
+                    text: format!("acquire: {e}"),
+                });
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    0
+}
+
+/// Connects, retrying for a while: a client started during a partition.
+async fn connect(url: &str) -> fencelock::Result<Locker> {
+    let start = Instant::now();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), Locker::connect(url)).await {
+            Ok(Ok(l)) => return Ok(l),
+            Ok(Err(e)) if start.elapsed() > Duration::from_secs(30) => return Err(e),
+            Ok(Err(Error::InvalidConfig(m))) => return Err(Error::InvalidConfig(m)),
+            _ if start.elapsed() > Duration::from_secs(30) => {
+                return Err(Error::config(format!("cannot connect to {url} in 30 s")));
+            }
+            _ => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+}
+
+/// The controller's commands on stdin.
+async fn commands() {
+    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        if let Some(ms) = line
+            .strip_prefix("clock ")
+            .and_then(|m| m.trim().parse().ok())
+        {
+            fencelock_core::clock::shift_wall_clock_for_tests(ms);
+        }
+    }
+    // The controller is gone (or done): so is this client, holds and all.
+    std::process::exit(0);
+}
+
+fn emit(e: &Event) {
+    println!("{}", e.to_line());
+}
+
+/// `instant` on the shared wall clock.
+fn wall_of(instant: Instant) -> u128 {
+    let (now_i, now_w) = (Instant::now(), Hold::now_ns());
+    match instant.checked_duration_since(now_i) {
+        Some(ahead) => now_w + ahead.as_nanos(),
+        None => now_w.saturating_sub(now_i.duration_since(instant).as_nanos()),
+    }
+}
+
+/// One hold: announce it, write to the register under it (exclusive modes),
+/// sleep a while (sometimes past the TTL, so the watchdog must renew), end it.
+async fn work(
+    cfg: &ClientConfig,
+    rng: &mut fastrand::Rng,
+    register: &mut RegisterClient,
+    key: &str,
+    hold: &str,
+    guard: Guard,
+) {
+    let token = guard.token().map(|t| t.get());
+    emit(&Event::Grant {
+        hold: hold.to_string(),
+        key: key.to_string(),
+        mode: guard.mode(),
+        token,
+        seen_ns: Hold::now_ns(),
+        valid_ns: wall_of(guard.deadline().into_std()),
+        valid_on_arrival: guard.is_valid(),
+    });
+    let lost = guard.lost();
+    tokio::pin!(lost);
+    let writes = if guard.mode() == Mode::Exclusive {
+        rng.u32(1..=3)
+    } else {
+        1
+    };
+    let ttl = cfg.ttl;
+    for _ in 0..writes {
+        if !cfg.ignore_lost && !guard.is_valid() {
+            break;
+        }
+        if guard.mode() == Mode::Exclusive
+            && let Err(e) = register.write(key, token, hold).await
+        {
+            emit(&Event::Error {
+                at_ns: Hold::now_ns(),
+                text: format!("register: {e}"),
+            });
+        }
+        // Mostly short, so that grants are many; sometimes past the TTL, so
+        // that the watchdog must renew.
+        let nap = match rng.u32(0..100) {
+            0..10 => ttl.mul_f64(1.0 + rng.f64()),
+            10..25 => ttl.mul_f64(0.2 + rng.f64() / 3.0),
+            _ => ttl.mul_f64(rng.f64() / 5.0),
+        };
+        tokio::select! {
+            () = tokio::time::sleep(nap) => {}
+            _ = &mut lost, if !cfg.ignore_lost => break,
+        }
+    }
+    if cfg.ignore_lost && guard.mode() == Mode::Exclusive {
+        // The negative control writes once more whatever the guard says.
+        let _ = register.write(key, token, hold).await;
+    }
+    let end_ns = Hold::now_ns().min(wall_of(guard.deadline().into_std()));
+    let reason = match guard.lease().lost_reason() {
+        Some(r) => format!("lost:{r:?}"),
+        None if guard.is_valid() => "released".to_string(),
+        None => "expired".to_string(),
+    };
+    emit(&Event::End {
+        hold: hold.to_string(),
+        end_ns,
+        reason,
+    });
+    match tokio::time::timeout(ttl * 2, guard.release()).await {
+        Ok(Ok(())) | Ok(Err(Error::Lost { .. } | Error::NotHeld { .. })) => {}
+        Ok(Err(e)) => emit(&Event::Error {
+            at_ns: Hold::now_ns(),
+            text: format!("release: {e}"),
+        }),
+        Err(_) => emit(&Event::Error {
+            at_ns: Hold::now_ns(),
+            text: "release: no answer within 2 × ttl".into(),
+        }),
+    }
+}
