@@ -262,8 +262,17 @@ pub enum Wait {
 
 /// A humantime duration: `500ms`, `30s`, `5m`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s.trim())
-        .map_err(|e| format!("{e}; write a duration such as 500ms, 30s or 5m"))
+    /// Longer than any lease or wait is meant to be, short enough that every
+    /// deadline computed from it fits the clocks.
+    const MAX: Duration = Duration::from_secs(10 * 366 * 24 * 3600);
+    let d = humantime::parse_duration(s.trim())
+        .map_err(|e| format!("{e}; write a duration such as 500ms, 30s or 5m"))?;
+    if d > MAX {
+        return Err(format!(
+            "{s:?} is too long; at most 10 years (use --wait forever to wait without end)"
+        ));
+    }
+    Ok(d)
 }
 
 fn parse_wait(s: &str) -> Result<Wait, String> {

@@ -82,6 +82,14 @@ impl Terminal {
     }
 }
 
+/// Makes fencelock ignore SIGTTOU for good: once CMD has the terminal,
+/// fencelock is in the background, and with `stty tostop` its first message
+/// (a late renewal, a lost lease) would stop it before it could stop CMD.
+pub(crate) fn ignore_terminal_output_stops() {
+    // SAFETY: ignoring a signal installs no handler.
+    let _ = unsafe { nix::sys::signal::signal(Signal::SIGTTOU, SigHandler::SigIgn) };
+}
+
 impl Tree {
     /// Starts `command[0]` with `command[1..]` and `env` in a process group
     /// of its own, and its reaper.
@@ -103,7 +111,7 @@ impl Tree {
         }
         let parent = getpid();
         // SAFETY: only async-signal-safe calls (setpgid, sigprocmask, tcsetpgrp,
-        // prctl, getppid) run between fork and exec.
+        // sigaction, prctl, getppid) run between fork and exec.
         unsafe {
             cmd.pre_exec(move || {
                 nix::unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0))?;
@@ -119,6 +127,8 @@ impl Tree {
                     let _ = tcsetpgrp(stdin(), getpid());
                     nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&old), None)?;
                 }
+                // fencelock ignores SIGTTOU (see `ignore_terminal_output_stops`); CMD must not.
+                nix::sys::signal::signal(Signal::SIGTTOU, SigHandler::SigDfl)?;
                 #[cfg(target_os = "linux")]
                 {
                     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
@@ -210,6 +220,10 @@ impl Tree {
     /// [`Event::Exited`] too, for what CMD left behind.
     pub(crate) async fn stop(&mut self, exited: bool, kill_at: Instant) {
         if exited && !self.group_alive() {
+            // A scan of /proc can miss a process that forks and exits in a
+            // loop; a signal to the group cannot.
+            self.signal(Signal::SIGKILL);
+            self.wait_group_gone().await;
             return;
         }
         self.signal(Signal::SIGTERM);
@@ -233,7 +247,8 @@ impl Tree {
         self.kill(exited).await;
     }
 
-    /// SIGKILLs the group now and waits (bounded) for CMD to exit.
+    /// SIGKILLs the group now and waits (bounded) for CMD to exit and for
+    /// the rest of the group to be gone.
     pub(crate) async fn kill(&mut self, exited: bool) {
         self.signal(Signal::SIGKILL);
         if !exited {
@@ -245,6 +260,17 @@ impl Tree {
                 }
             })
             .await;
+        }
+        self.wait_group_gone().await;
+    }
+
+    /// Waits (at most 10 s) until no live process is left in the group,
+    /// SIGKILLing it again meanwhile.
+    async fn wait_group_gone(&self) {
+        let give_up = Instant::now() + Duration::from_secs(10);
+        while self.group_alive() && Instant::now() < give_up {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            self.signal(Signal::SIGKILL);
         }
     }
 
@@ -379,9 +405,29 @@ fn group_alive(pgid: Pid) -> bool {
         let mut fields = rest.split_whitespace();
         let state = fields.next();
         let pgrp = fields.nth(1).and_then(|p| p.parse::<i32>().ok());
-        if pgrp == Some(pgid.as_raw()) && !matches!(state, Some("Z" | "X")) {
+        if pgrp != Some(pgid.as_raw()) {
+            continue;
+        }
+        // A zombie is gone unless other threads of it still run (its main
+        // thread called pthread_exit).
+        if !matches!(state, Some("Z" | "X")) || has_live_thread(&entry.path()) {
             return true;
         }
     }
     false
+}
+
+/// Whether a thread of process `/proc/PID` is not a zombie.
+fn has_live_thread(proc_dir: &std::path::Path) -> bool {
+    let Ok(tasks) = std::fs::read_dir(proc_dir.join("task")) else {
+        return false;
+    };
+    tasks.flatten().any(|t| {
+        std::fs::read_to_string(t.path().join("stat")).is_ok_and(|stat| {
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, r)| r.split_whitespace().next());
+            !matches!(state, Some("Z" | "X"))
+        })
+    })
 }

@@ -70,6 +70,7 @@ fn margin(ttl: Duration) -> Duration {
 }
 
 pub async fn run(args: RunArgs) -> u8 {
+    crate::process_tree::ignore_terminal_output_stops();
     let mut signals = match Signals::new() {
         Ok(s) => s,
         Err(e) => {
@@ -178,8 +179,8 @@ pub async fn run(args: RunArgs) -> u8 {
                 Event::Stopped => tree.stopped(),
             },
             lost = guard.lost() => {
-                eprintln!("fencelock: {lost}; killing {:?}", args.command[0]);
                 tree.kill(false).await;
+                eprintln!("fencelock: {lost}; killed {:?}", args.command[0]);
                 tree.stop(true, Instant::now()).await;
                 let _ = tree.finish().await;
                 drop(guard);

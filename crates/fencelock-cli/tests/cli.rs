@@ -197,6 +197,34 @@ fn bad_usage_exits_64() {
         ],
         &["frobnicate"],
         &[],
+        // Durations so long that deadlines overflow the clock (panicked, exit 101).
+        &[
+            "run",
+            "--key",
+            "k",
+            "--ttl",
+            "18446744073709551615s",
+            "--",
+            "true",
+        ],
+        &[
+            "run",
+            "--key",
+            "k",
+            "--wait",
+            "18446744073709551615s",
+            "--",
+            "true",
+        ],
+        &[
+            "run",
+            "--key",
+            "k",
+            "--kill-grace",
+            "18446744073709551615s",
+            "--",
+            "true",
+        ],
     ];
     for args in cases {
         let o = env.output(args);

@@ -470,3 +470,38 @@ fn in_a_terminal_the_command_reads_it_ctrl_c_reaches_it_once_and_ctrl_z_stops_th
         tmux.pane()
     );
 }
+
+/// A process whose main thread called pthread_exit shows as a zombie while
+/// its other threads run on: it is still alive, and must be killed before
+/// the lock goes.
+#[test]
+fn a_grandchild_with_a_zombie_main_thread_is_not_taken_for_dead() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("writes");
+    let script = format!(
+        "import ctypes, threading, time\n\
+         def w():\n    \
+             while True:\n        \
+                 open({out:?}, 'a').write('x\\n'); time.sleep(0.05)\n\
+         threading.Thread(target=w).start()\n\
+         time.sleep(0.2)\n\
+         ctypes.CDLL(None).pthread_exit(None)\n",
+        out = out.display().to_string()
+    );
+    let url = format!("sqlite://{}", dir.path().join("l.db").display());
+    let status = Command::new(env!("CARGO_BIN_EXE_fencelock"))
+        .args(["run", "--backend", &url, "--key", "k", "--ttl", "3s", "--"])
+        .args(["sh", "-c", "python3 -c \"$0\" & sleep 1; exit 0", &script])
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    let size = || std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
+    let before = size();
+    assert!(before > 0, "the grandchild never wrote");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        size(),
+        before,
+        "the grandchild wrote on after fencelock released the lock"
+    );
+}

@@ -46,11 +46,18 @@
 //!   older copy: the holders learn it at their next renewal (within ttl/3),
 //!   but until then a newcomer on the new file can hold the lock beside them
 //!   (its token is larger, so fenced writes stay safe);
-//! - give it a second name (a hard link): it is refused while it has one;
+//! - give it a second name (a hard link, or a bind mount of the file itself,
+//!   as `docker -v file:file` makes): it is refused while it has one (a bind
+//!   mount on the side where the file is the mount point) — mount the
+//!   directory instead;
 //! - let processes of different fencelock versions share it (0.1 files are
 //!   moved onto the boot-time clock when a new version opens them).
 //!
-//! A symlink to the file is fine: SQLite follows it to the one real file.
+//! A symlink to the file is fine: SQLite follows it to the one real file, and
+//! the checks watch the real file's `-wal` and `-shm`. Expiry counts on the
+//! machine's boot-time clock also inside a time namespace (its offset is taken
+//! off); on Linux the backend needs `/proc` (the boot's id) and refuses to open
+//! without it.
 //!
 //! # Examples
 //!

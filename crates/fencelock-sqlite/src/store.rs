@@ -58,12 +58,37 @@ struct ExpiryClock;
 
 impl ExpiryClock {
     /// Now, in ms.
+    /// Now, in ms of the machine's (not a time namespace's) boot-time clock.
     #[cfg(target_os = "linux")]
     fn now_ms() -> i64 {
         match nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME) {
-            Ok(t) => t.tv_sec().saturating_mul(1000) + t.tv_nsec() / 1_000_000,
+            Ok(t) => {
+                t.tv_sec().saturating_mul(1000) + t.tv_nsec() / 1_000_000
+                    - Self::namespace_offset_ms()
+            }
             Err(_) => unix_millis(std::time::SystemTime::now()),
         }
+    }
+
+    /// How far a time namespace (`unshare --time --boottime N`) shifts this
+    /// process's boot-time clock from the machine's, in ms.
+    #[cfg(target_os = "linux")]
+    fn namespace_offset_ms() -> i64 {
+        static OFFSET: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+        *OFFSET.get_or_init(|| {
+            let text = std::fs::read_to_string("/proc/self/timens_offsets").unwrap_or_default();
+            text.lines()
+                .find_map(|l| {
+                    let mut f = l.split_whitespace();
+                    if f.next()? != "boottime" {
+                        return None;
+                    }
+                    let secs: i64 = f.next()?.parse().ok()?;
+                    let nanos: i64 = f.next()?.parse().ok()?;
+                    Some(secs.saturating_mul(1000) + nanos / 1_000_000)
+                })
+                .unwrap_or(0)
+        })
     }
 
     #[cfg(not(target_os = "linux"))]
@@ -71,16 +96,30 @@ impl ExpiryClock {
         unix_millis(std::time::SystemTime::now())
     }
 
-    /// The name of this clock's epoch: `boot:<boot id>`, or `wall`.
-    fn epoch() -> &'static str {
-        static EPOCH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-        EPOCH.get_or_init(|| {
-            #[cfg(target_os = "linux")]
-            if let Ok(id) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") {
-                return format!("boot:{}", id.trim());
-            }
-            "wall".to_string()
-        })
+    /// The name of this clock's epoch: `boot:<boot id>` (Linux), or `wall`.
+    ///
+    /// # Errors
+    ///
+    /// On Linux, if the boot's id cannot be read (no `/proc`): expiry times
+    /// of the boot-time clock could not be told from another boot's.
+    fn epoch() -> std::result::Result<&'static str, String> {
+        static EPOCH: std::sync::OnceLock<std::result::Result<String, String>> =
+            std::sync::OnceLock::new();
+        EPOCH
+            .get_or_init(|| {
+                #[cfg(target_os = "linux")]
+                return std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+                    .map(|id| format!("boot:{}", id.trim()))
+                    .map_err(|e| {
+                        format!(
+                            "cannot read /proc/sys/kernel/random/boot_id ({e}): the SQLite backend keeps expiry on the boot-time clock and needs /proc to know the boot"
+                        )
+                    });
+                #[cfg(not(target_os = "linux"))]
+                Ok("wall".to_string())
+            })
+            .as_deref()
+            .map_err(Clone::clone)
     }
 }
 
@@ -102,7 +141,7 @@ fn token_floor() -> i64 {
 /// rows of a file without an epoch, or on the wall clock, are moved onto the
 /// boot-time clock.
 fn align_clock(tx: &Transaction<'_>) -> Result<()> {
-    let epoch = ExpiryClock::epoch();
+    let epoch = ExpiryClock::epoch().map_err(|e| Error::backend(NAME, e))?;
     let theirs: Option<String> = tx
         .prepare_cached("SELECT v FROM fencelock_meta WHERE k = 'clock'")
         .and_then(|mut s| s.query_row([], |r| r.get(0)).optional())
@@ -171,13 +210,48 @@ fn one_name(path: &Path, meta: &std::fs::Metadata) -> std::result::Result<(), St
     }
 }
 
+/// Refuses a lock file that is itself a mount point (`mount --bind` of the
+/// file, `docker -v file:file`): the second name has the same inode and one
+/// link, yet SQLite keeps a WAL and shared-memory file per name, so the
+/// processes on either side would not exclude each other.
+fn not_mounted_alone(path: &Path) -> std::result::Result<(), String> {
+    #[cfg(target_os = "linux")]
+    {
+        let Ok(real) = std::fs::canonicalize(path) else {
+            return Ok(());
+        };
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        // Field 5 is the mount point, with spaces and the like as octal escapes.
+        let target = real.to_string_lossy().replace(' ', "\\040");
+        if mounts
+            .lines()
+            .any(|l| l.split_whitespace().nth(4) == Some(target.as_str()))
+        {
+            return Err(format!(
+                "the lock file {} is a mount point of its own (a bind mount of the file): processes on the other side of the mount would not exclude these; mount its directory instead",
+                path.display()
+            ));
+        }
+    }
+    let _ = path;
+    Ok(())
+}
+
 impl Identity {
     /// The files of the lock file at `path` now.
     pub(crate) fn of(path: &Path) -> std::result::Result<Identity, String> {
         use std::os::unix::fs::MetadataExt;
+        // SQLite keeps the WAL and shared-memory file beside the file a
+        // symlink points to, not beside the link.
+        let real = std::fs::canonicalize(path)
+            .map_err(|e| format!("cannot look at {}: {e}", path.display()))?;
         let mut files = Vec::with_capacity(3);
         for suffix in ["", "-wal", "-shm"] {
-            let p = with_suffix(path, suffix);
+            let p = if suffix.is_empty() {
+                path.to_path_buf()
+            } else {
+                with_suffix(&real, suffix)
+            };
             match std::fs::metadata(&p) {
                 Ok(m) => {
                     if suffix.is_empty() {
@@ -224,7 +298,9 @@ pub(crate) fn open(path: &Path, options: &SqliteOptions) -> Result<(Connection, 
     let addr = format!("sqlite://{}", path.display());
     if let Ok(m) = std::fs::metadata(path) {
         one_name(path, &m).map_err(|e| Error::connection(NAME, &addr, e))?;
+        not_mounted_alone(path).map_err(|e| Error::connection(NAME, &addr, e))?;
     }
+    ExpiryClock::epoch().map_err(|e| Error::connection(NAME, &addr, e))?;
     let conn = open_connection(path, options)?;
     let id = Identity::of(path).map_err(|e| Error::connection(NAME, &addr, e))?;
     Ok((conn, id))

@@ -143,3 +143,30 @@ async fn a_second_name_for_the_file_is_refused() {
     let lost = tokio::time::timeout(Duration::from_secs(5), ga.lost()).await;
     assert!(lost.is_ok(), "A kept renewing a file with two names");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_a_symlink_the_real_files_are_the_ones_watched() {
+    let dir = tempfile::tempdir().unwrap();
+    let real = dir.path().join("real.db");
+    let link = dir.path().join("link.db");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let a = locker(&link).await;
+    let ga = a
+        .lock("k")
+        .ttl(Duration::from_secs(6))
+        .acquire()
+        .await
+        .unwrap();
+    // SQLite keeps the WAL and shared memory beside the target: deleting
+    // those (not the link's names, which do not exist) breaks exclusion.
+    for suffix in ["-wal", "-shm"] {
+        let mut p = real.as_os_str().to_owned();
+        p.push(suffix);
+        std::fs::remove_file(&p).unwrap();
+    }
+    let lost = tokio::time::timeout(Duration::from_secs(5), ga.lost()).await;
+    assert!(
+        lost.is_ok(),
+        "A renewed for 5 s after the real -wal and -shm were deleted"
+    );
+}
