@@ -27,20 +27,21 @@ secs=${FENCELOCK_TORTURE_SECS:-$($ci && echo 12 || echo 20)}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
-# name | how to reach it | faults it supports | violations its docs explain
+# name | how to reach it | faults it supports | the one kind of violation its docs explain
+# (a JSON field of the report), a colon, and why; every other kind fails the run
 targets=(
     "sqlite|--backend sqlite://$out/torture.db|pause,kill,clock|"
     "redis|--spawn redis|pause,kill,partition,lost-reply,latency,clock,restart|"
     "redis (empty restart)|--spawn redis|restart-empty|overlaps: an empty restart loses the grant (README: exclusion holds while Redis keeps its data)"
     "redis cluster|--backend redis+cluster://127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103|pause,kill,clock|"
     "redlock (5)|--spawn redlock|pause,kill,partition,lost-reply,latency,clock,restart,restart-empty,minority,majority|"
-    "postgres lease|--backend postgres://postgres:postgres@127.0.0.1:5432/test?mode=lease|pause,kill,partition,lost-reply,latency,clock|"
+    "postgres lease|--backend postgres://postgres:postgres@127.0.0.1:5432/test?mode=lease|pause,kill,partition,lost-reply,latency,clock|lost_on_arrival: a grant that waited behind a slow transaction can arrive already invalid (README, known limits; open)"
     "postgres advisory|--backend postgres://postgres:postgres@127.0.0.1:5432/test?mode=advisory|pause,kill,partition,lost-reply,latency,clock|"
-    "mysql lease|--backend mysql://root@127.0.0.1:3306/test?mode=lease|pause,kill,partition,lost-reply,latency,clock|"
+    "mysql lease|--backend mysql://root@127.0.0.1:3306/test?mode=lease|pause,kill,partition,lost-reply,latency,clock|lost_on_arrival: a grant that waited behind a slow transaction can arrive already invalid (README, known limits; open)"
     "mysql get_lock|--backend mysql://root@127.0.0.1:3306/test?mode=get_lock|pause,kill,partition,lost-reply,latency,clock|"
     "zookeeper (3)|--spawn zookeeper|pause,kill,partition,lost-reply,latency,clock,restart,leader,minority,majority|"
     "etcd (3)|--spawn etcd|pause,kill,partition,lost-reply,latency,clock,restart,leader,minority,majority|"
-    "memcached|--spawn memcached|pause,kill,partition,lost-reply,latency,clock,restart|superseded writes: memcached gives no fencing tokens"
+    "memcached|--spawn memcached|pause,kill,partition,lost-reply,latency,clock,restart|superseded_writes_accepted: memcached gives no fencing tokens"
 )
 
 status=0
@@ -61,7 +62,12 @@ for t in "${targets[@]}"; do
             continue
         fi
         printf '%s\t%s\t%s\t%s\n' "$name" "$f" "$explained" "$line" >>"$out/results.tsv"
-        if [[ $rc -ne 0 && -z "$explained" ]]; then
+        # The violations the row's docs do not explain.
+        unexplained=$(python3 -c 'import json,sys
+r = json.loads(sys.argv[1]); kinds = ["overlaps", "over_permits", "token_regressions", "superseded_writes_accepted", "lost_on_arrival"]
+ok = sys.argv[2].split(":")[0].strip()
+print(sum(r[k] for k in kinds if k != ok))' "$line" "$explained")
+        if [[ $rc -ne 0 && $unexplained -ne 0 ]] || [[ $rc -ne 0 && $rc -ne 1 ]]; then
             echo "torture $name: violations (exit $rc); reproduce: $FENCELOCK_BIN torture $reach --faults $f --seed $seed" >&2
             status=1
         fi
