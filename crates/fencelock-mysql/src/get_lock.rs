@@ -205,8 +205,8 @@ impl GetLock {
     /// lock at once — but a holder that could not hear of it (cut off from
     /// the server) believes in its hold until its own deadline, at most its
     /// TTL after its last renewal, which came before the restart. So no
-    /// session grants anything until the server has been up (`Uptime`, whole
-    /// seconds, rounded down) for the longest TTL any hold ever had here
+    /// session grants anything until the server has been up (`Uptime` less a
+    /// second: see below) for the longest TTL any hold ever had here
     /// (recorded before each grant that raises it). A session that passed it
     /// is good for as long as it lives: a restart ends it too. Returns false if
     /// the gate does not open by the end of `wait` (then no lock was taken).
@@ -223,7 +223,12 @@ impl GetLock {
         .fetch_one(&mut *conn)
         .await
         .map_err(|e| self.err(e))?;
-        let up_ms = up_s.trim().parse::<i64>().unwrap_or(0).saturating_mul(1000);
+        // `Uptime` is the difference of two whole-second timestamps (the
+        // statement's and the start's), so it reads up to a second more than
+        // the time the server has really been up (1 at 0.4 s was seen).
+        let up_ms = (up_s.trim().parse::<i64>().unwrap_or(0) - 1)
+            .max(0)
+            .saturating_mul(1000);
         self.recorded_ttl_ms
             .fetch_max(recorded, std::sync::atomic::Ordering::Relaxed);
         let closed_ms = recorded - up_ms;

@@ -37,11 +37,13 @@
 //! - **get_lock** exclusion holds while the holder's session lives. A server
 //!   restart or crash ends every session, and with them every lock, at once;
 //!   a holder cut off from the server cannot hear of it. So after a restart
-//!   no session grants anything until the server has been up (`Uptime`) for
+//!   no session grants anything until the server has been up (`Uptime`, a
+//!   count of wall-clock seconds that can read one too many, so less one) for
 //!   the longest TTL any `get_lock` hold ever had in the database (recorded
 //!   in the InnoDB table `fencelock_session_ttl` before the first grant of
 //!   each longer TTL; durable with `innodb_flush_log_at_trx_commit=1`): every
-//!   hold from before the restart has lost its validity by then. An operator
+//!   hold from before the restart has lost its validity by then, as long as
+//!   the server's clock does not step forward meanwhile. An operator
 //!   who knows every holder from before a restart is dead may delete that
 //!   row. Known limit: when the server ends one session while it keeps
 //!   running (`KILL`, a connection the network reset), that lock is free at

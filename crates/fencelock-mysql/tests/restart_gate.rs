@@ -2,6 +2,8 @@
 //! at once, but a holder cut off from the server cannot hear of it and
 //! believes in its hold until its deadline — so nobody may be granted the
 //! lock before then.
+//! The gate itself: nothing is granted before the server has been up for the
+//! longest TTL recorded, whatever fraction of a second it started at.
 
 mod support;
 
@@ -76,4 +78,37 @@ async fn a_holder_cut_off_during_a_restart_is_not_overlapped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_cut_off_during_a_crash_is_not_overlapped() {
     partitioned_holder_across_a_restart(true).await;
+}
+
+/// The server counts `Uptime` in whole seconds between whole-second
+/// timestamps, so it can read 1 a moment after the start: each round's start
+/// falls at another fraction of a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_is_granted_before_the_server_was_up_for_the_longest_ttl() {
+    let ttl = Duration::from_secs(3);
+    let mut db = PrivateMariaDb::start();
+    let url = db.url("get_lock");
+    let a = Locker::new(MySqlBackend::connect(&url).await.unwrap());
+    let g = a.lock("k").ttl(ttl).acquire().await.unwrap();
+    g.release().await.unwrap();
+    for round in 0..8u64 {
+        tokio::task::block_in_place(|| db.crash_and_restart());
+        let b = Locker::new(MySqlBackend::connect(&url).await.unwrap());
+        let g = b
+            .lock("k")
+            .ttl(ttl)
+            .wait(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        let up = db.spawned().elapsed();
+        assert!(
+            up >= ttl,
+            "round {round}: granted when the server had been up for {up:?}, less than the \
+             longest TTL recorded ({ttl:?})"
+        );
+        g.release().await.unwrap();
+        // The next round starts at another fraction of a second.
+        tokio::time::sleep(Duration::from_millis(130 + 370 * round % 1000)).await;
+    }
 }

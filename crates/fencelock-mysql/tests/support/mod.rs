@@ -19,6 +19,7 @@ pub struct PrivateMariaDb {
     dir: tempfile::TempDir,
     port: u16,
     child: Option<Child>,
+    spawned: std::time::Instant,
 }
 
 impl PrivateMariaDb {
@@ -41,6 +42,7 @@ impl PrivateMariaDb {
             dir,
             port: free_port(),
             child: None,
+            spawned: std::time::Instant::now(),
         };
         db.run();
         db
@@ -48,6 +50,7 @@ impl PrivateMariaDb {
 
     fn run(&mut self) {
         let d = self.dir.path();
+        self.spawned = std::time::Instant::now();
         let child = Command::new("mariadbd")
             .args([
                 "--no-defaults",
@@ -66,6 +69,12 @@ impl PrivateMariaDb {
             .unwrap();
         self.child = Some(child);
         wait_for_port(([127, 0, 0, 1], self.port).into(), Duration::from_secs(60)).unwrap();
+    }
+
+    /// When the running server's process was last started: it has been up
+    /// for at most the time since.
+    pub fn spawned(&self) -> std::time::Instant {
+        self.spawned
     }
 
     pub fn url(&self, mode: &str) -> String {

@@ -116,6 +116,29 @@ impl PrivatePostgres {
             .unwrap();
         self.child = Some(child);
         wait_for_port(([127, 0, 0, 1], self.port).into(), Duration::from_secs(30)).unwrap();
+        self.wait_ready(Duration::from_secs(60));
+    }
+
+    /// Waits until the server takes queries: after a crash it listens while
+    /// it still replays its WAL and refuses sessions ("the database system is
+    /// starting up"), longer on a loaded machine.
+    fn wait_ready(&self, limit: Duration) {
+        let start = std::time::Instant::now();
+        loop {
+            let ready = Command::new(bin("pg_isready"))
+                .args(["-q", "-h", "127.0.0.1", "-p", &self.port.to_string()])
+                .status()
+                .is_ok_and(|s| s.success());
+            if ready {
+                return;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "postgres on port {} not ready after {limit:?}",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     pub fn url(&self, mode: &str) -> String {
