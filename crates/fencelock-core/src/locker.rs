@@ -9,7 +9,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::backend::{Backend, Grant, LeaseRef, LockInfo, Request};
+use crate::backend::{Backend, Grant, LeaseRef, LockInfo, Renewal, Request};
 use crate::capabilities::Capabilities;
 use crate::error::{Error, Result};
 use crate::guard::{Guard, Lease, LeaseState, LostReason, validity_deadline};
@@ -448,11 +448,18 @@ impl LockBuilder {
         let req = self.request()?;
         let backend = &self.locker.shared.backend;
         let span = acquire_span(backend.as_ref(), &req);
-        let grant = backend.try_acquire(&req).instrument(span).await?;
-        Ok(grant.map(|g| {
-            log_grant(&req, &g, Duration::ZERO);
-            self.locker.guard_for(&req, g, &self.opts)
-        }))
+        // A grant lost before it could be handed out (see `freshen`) is
+        // tried once more: the key may be free by now.
+        for _ in 0..2 {
+            let Some(g) = backend.try_acquire(&req).instrument(span.clone()).await? else {
+                return Ok(None);
+            };
+            if let Some(g) = freshen(&self.locker, &req, g).await? {
+                log_grant(&req, &g, Duration::ZERO);
+                return Ok(Some(self.locker.guard_for(&req, g, &self.opts)));
+            }
+        }
+        Ok(None)
     }
 
     /// Acquires, runs `f` with the hold's [`Lease`], and releases.
@@ -541,46 +548,127 @@ pub(crate) async fn acquire_one(
     // Exclusive requests of default owners line up behind this locker's other
     // waiters for the key, and the head accepts handoffs (see local_queue).
     let lined = req.mode == Mode::Exclusive && opts.owner.is_none();
-    let (grant, line_hold) = if lined {
-        let queues = &locker.shared.queues;
-        let turn = queues.join(&req.key, req, backend, deadline).await;
-        let offer = turn.offer();
-        let outcome = if let Some(g) = offer.take_delivered() {
-            Ok(Some((g, true)))
-        } else if turn.is_head() {
-            wait_as_head(&turn, backend.as_ref(), req, deadline)
-                .instrument(span)
-                .await
+    loop {
+        let (grant, line_hold) = if lined {
+            let queues = &locker.shared.queues;
+            let turn = queues.join(&req.key, req, backend, deadline).await;
+            let offer = turn.offer();
+            let outcome = if let Some(g) = offer.take_delivered() {
+                Ok(Some((g, true)))
+            } else if turn.is_head() {
+                wait_as_head(&turn, backend.as_ref(), req, deadline)
+                    .instrument(span.clone())
+                    .await
+            } else {
+                Ok(None)
+            };
+            let (grant, handed) = match outcome {
+                // A handoff delivered meanwhile is the same hold, whose local hold
+                // its releaser carried on to this waiter: count it once.
+                Ok(Some((g, handed))) => {
+                    let delivered = offer.done();
+                    (Some(g), handed || delivered)
+                }
+                // Gave up: a handoff may have arrived meanwhile; take it.
+                Ok(None) => (offer.abandon(), true),
+                Err(e) => match offer.abandon() {
+                    Some(g) => (Some(g), true),
+                    None => return Err(e),
+                },
+            };
+            let hold = grant.as_ref().map(|_| turn.hold(queues, handed));
+            (grant, hold)
         } else {
-            Ok(None)
+            (
+                backend
+                    .acquire(req, deadline)
+                    .instrument(span.clone())
+                    .await?,
+                None,
+            )
         };
-        let (grant, handed) = match outcome {
-            // A handoff delivered meanwhile is the same hold, whose local hold
-            // its releaser carried on to this waiter: count it once.
-            Ok(Some((g, handed))) => {
-                let delivered = offer.done();
-                (Some(g), handed || delivered)
+        let Some(grant) = grant else {
+            return Err(timeout());
+        };
+        match freshen(locker, req, grant).await? {
+            Some(grant) => {
+                log_grant(req, &grant, start.elapsed());
+                let mut guard = locker.guard_for(req, grant, opts);
+                guard.set_line_hold(line_hold);
+                return Ok(guard);
             }
-            // Gave up: a handoff may have arrived meanwhile; take it.
-            Ok(None) => (offer.abandon(), true),
-            Err(e) => match offer.abandon() {
-                Some(g) => (Some(g), true),
-                None => return Err(e),
-            },
-        };
-        let hold = grant.as_ref().map(|_| turn.hold(queues, handed));
-        (grant, hold)
-    } else {
-        (backend.acquire(req, deadline).instrument(span).await?, None)
-    };
-    match grant {
-        Some(grant) => {
-            log_grant(req, &grant, start.elapsed());
-            let mut guard = locker.guard_for(req, grant, opts);
-            guard.set_line_hold(line_hold);
-            Ok(guard)
+            // Lost before it was handed out: wait on, in line again.
+            None => {
+                drop(line_hold);
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    return Err(timeout());
+                }
+            }
         }
-        None => Err(timeout()),
+    }
+}
+
+/// A grant that arrives with less than half its TTL of validity left — its
+/// request waited long in the server (behind another client's transaction on
+/// the key) or its reply was slow — counts its lease from when the request
+/// was sent, so it could be handed out already invalid. It is renewed first:
+/// then its lease counts from the renewal's start. Returns `None` if the
+/// renewal finds the hold gone (it expired meanwhile); then nothing is held.
+///
+/// # Errors
+///
+/// The renewal's error; the hold is then released in the background.
+///
+/// # Cancel safety
+///
+/// Cancelled during the renewal, the hold is released in the background.
+async fn freshen(locker: &Locker, req: &Request, mut grant: Grant) -> Result<Option<Grant>> {
+    let now = Instant::now();
+    let deadline = validity_deadline(grant.requested_at, grant.ttl);
+    if deadline.saturating_duration_since(now) >= grant.ttl / 2 {
+        return Ok(Some(grant));
+    }
+    // The worker that performs queued releases.
+    locker.shared.ensure_worker();
+    let mut pending = ReleaseOnDrop {
+        locker,
+        lease: Some(LeaseRef::new(req, &grant)),
+    };
+    let lease = pending.lease.clone().into_iter().collect::<Vec<_>>();
+    let renewed = locker.shared.backend.renew(&lease).await?;
+    pending.lease = None;
+    match renewed.into_iter().next() {
+        Some(Renewal::Held { ttl }) => {
+            tracing::debug!(
+                key = %req.key,
+                late_ms = (now - grant.requested_at).as_millis() as u64,
+                "a late grant was renewed before it was handed out"
+            );
+            grant.requested_at = now;
+            grant.ttl = ttl;
+            Ok(Some(grant))
+        }
+        Some(Renewal::Lost { reason }) => {
+            tracing::debug!(key = %req.key, %reason, "a late grant was lost before it was handed out");
+            Ok(None)
+        }
+        // Nothing learned: the guard tells how long it is valid.
+        _ => Ok(Some(grant)),
+    }
+}
+
+/// Queues the release of a hold not yet handed out, unless disarmed
+/// (`lease` taken).
+struct ReleaseOnDrop<'a> {
+    locker: &'a Locker,
+    lease: Option<LeaseRef>,
+}
+
+impl Drop for ReleaseOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            let _ = self.locker.shared.drops.send(DropRelease(lease));
+        }
     }
 }
 
