@@ -48,13 +48,15 @@ status=0
 seed=1000
 for t in "${targets[@]}"; do
     IFS='|' read -r name reach faults explained <<<"$t"
-    if $ci || $quick; then runs=("$faults"); else runs=(${faults//,/ } "$faults"); fi
+    # Each row also runs calm: no fault, only the clients' cancellations.
+    if $ci || $quick; then runs=("$faults" ""); else runs=(${faults//,/ } "$faults" ""); fi
     for f in "${runs[@]}"; do
         seed=$((seed + 1))
         echo "== torture $name: $f (seed $seed, ${secs}s)" >&2
         line=$("$FENCELOCK_BIN" torture $reach --faults "$f" --duration "${secs}s" --clients 5 \
             --seed "$seed" --json 2>"$out/err") && rc=0 || rc=$?
         grep -E "^(torture|grants|overlaps|longest|VIOLATION)" "$out/err" >&2 || true
+        [[ -n "$f" ]] || f=none
         if [[ -z "$line" ]]; then
             cat "$out/err" >&2
             echo "torture $name: no report (exit $rc)" >&2
@@ -64,7 +66,7 @@ for t in "${targets[@]}"; do
         printf '%s\t%s\t%s\t%s\n' "$name" "$f" "$explained" "$line" >>"$out/results.tsv"
         # The violations the row's docs do not explain.
         unexplained=$(python3 -c 'import json,sys
-r = json.loads(sys.argv[1]); kinds = ["overlaps", "over_permits", "token_regressions", "superseded_writes_accepted", "lost_on_arrival"]
+r = json.loads(sys.argv[1]); kinds = ["overlaps", "over_permits", "token_regressions", "superseded_writes_accepted", "lost_on_arrival", "stuck_waits"]
 ok = sys.argv[2].split(":")[0].strip()
 print(sum(r[k] for k in kinds if k != ok))' "$line" "$explained")
         if [[ $rc -ne 0 && $unexplained -ne 0 ]] || [[ $rc -ne 0 && $rc -ne 1 ]]; then
@@ -75,7 +77,7 @@ print(sum(r[k] for k in kinds if k != ok))' "$line" "$explained")
 done
 
 if ! $ci; then
-    python3 - "$out/results.tsv" "$secs" >FAULTS.md <<'PY'
+    python3 - "$out/results.tsv" "$secs" >"$out/table.md" <<'PY'
 import json, sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
 print("# FAULTS — what `fencelock torture` measured\n")
@@ -83,18 +85,23 @@ print("Written by `scripts/torture.sh` (each campaign: 5 client processes, %s s 
 print("seeds in the table; rerun one with `fencelock torture … --faults F --seed S`). How to read it:")
 print("README, *Torture*; the definitions: ARCHITECTURE.md §8. *Explained* names the violations a")
 print("backend's docs say it cannot prevent; every other violation column must be 0.\n")
-print("| backend | faults | seed | grants | lost | faults injected | overlaps | token regressions | superseded writes accepted | stale writes rejected | lost on arrival | longest recovery ms | longest unavailable ms | explained |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("| backend | faults | seed | grants | lost | faults injected | cancelled | overlaps | token regressions | superseded writes accepted | stale writes rejected | lost on arrival | stuck waits | longest recovery ms | longest unavailable ms | explained |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for name, faults, explained, js in rows:
     r = json.loads(js)
     inj = ", ".join("%s %d" % kv for kv in sorted(r["faults_injected"].items())) or "0"
-    print("| %s | %s | %d | %d | %d | %s | %d | %s | %d | %d | %d | %d | %d | %s |" % (
+    print("| %s | %s | %d | %d | %d | %s | %d | %d | %s | %d | %d | %d | %d | %d | %d | %s |" % (
         name, faults if len(faults) < 20 else "all of the row's", r["seed"], r["grants"], r["lost"], inj,
-        r["overlaps"] + r["over_permits"],
+        r["cancelled"], r["overlaps"] + r["over_permits"],
         r["token_regressions"] if r["fencing"] else "no tokens",
         r["superseded_writes_accepted"], r["stale_writes_rejected"], r["lost_on_arrival"],
-        r["max_recovery_ms"], r["max_unavailable_ms"], explained or "—"))
+        r["stuck_waits"], r["max_recovery_ms"], r["max_unavailable_ms"], explained or "—"))
 PY
+    # The table replaces what comes before the marker; what follows it stays.
+    marker='<!-- end of the table torture.sh writes -->'
+    { cat "$out/table.md"; echo; echo "$marker"; [[ -f FAULTS.md ]] && grep -q -F "$marker" FAULTS.md &&
+        sed -n "/^$marker\$/,\$p" FAULTS.md | tail -n +2; } >"$out/faults.md" || true
+    mv "$out/faults.md" FAULTS.md
     echo "wrote FAULTS.md" >&2
 fi
 exit $status

@@ -89,6 +89,7 @@ impl Report {
             "lost": f.lost,
             "timeouts": f.timeouts,
             "errors": f.errors,
+            "cancelled": f.cancelled,
             "overlaps": f.overlaps,
             "over_permits": f.over_permits,
             "token_regressions": f.token_regressions,
@@ -96,6 +97,7 @@ impl Report {
             "stale_writes_rejected": f.stale_rejected,
             "writes_accepted": f.writes_accepted,
             "lost_on_arrival": f.lost_on_arrival,
+            "stuck_waits": f.stuck_waits,
             "max_recovery_ms": f.max_recovery_ms,
             "max_unavailable_ms": f.max_unavailable_ms,
             "violations": f.violations(),
@@ -113,8 +115,8 @@ impl Report {
             .collect();
         let mut s = format!(
             "torture {} seed {} — {} clients, {:.0} s; faults: {}\n\
-             grants {} (lost {}, timeouts {}, errors {}); writes accepted {}, stale rejected {}\n\
-             overlaps {}  over-permits {}  token regressions {}  superseded writes accepted {}  lost on arrival {}\n\
+             grants {} (lost {}, timeouts {}, errors {}, cancelled {}); writes accepted {}, stale rejected {}\n\
+             overlaps {}  over-permits {}  token regressions {}  superseded writes accepted {}  lost on arrival {}  stuck waits {}\n\
              longest recovery after a fault {} ms; longest without a holder {} ms\n",
             self.url,
             self.seed,
@@ -129,6 +131,7 @@ impl Report {
             f.lost,
             f.timeouts,
             f.errors,
+            f.cancelled,
             f.writes_accepted,
             f.stale_rejected,
             f.overlaps,
@@ -136,6 +139,7 @@ impl Report {
             f.token_regressions,
             f.superseded_accepted,
             f.lost_on_arrival,
+            f.stuck_waits,
             f.max_recovery_ms,
             f.max_unavailable_ms
         );
@@ -300,6 +304,7 @@ pub async fn run(cfg: Config) -> io::Result<Report> {
             gone_ns: c.gone.clone(),
             writes: c.register.writes(),
             faults: records,
+            ttl_ns: c.cfg.ttl.as_nanos(),
         }
     };
     if let Some(path) = &c.cfg.history {

@@ -58,6 +58,8 @@ pub struct History {
     pub writes: Vec<Write>,
     /// The faults.
     pub faults: Vec<FaultRecord>,
+    /// The clients' TTL, in ns (how long a fault's effects may last).
+    pub ttl_ns: u128,
 }
 
 /// The findings.
@@ -71,6 +73,13 @@ pub struct Findings {
     pub timeouts: usize,
     /// Failed acquires and releases.
     pub errors: usize,
+    /// Acquires and releases the clients dropped in flight.
+    pub cancelled: usize,
+    /// Acquires that waited their whole wait in calm (no fault for 3 TTLs +
+    /// 5 s before or during it, no cancellation on the key for 2 TTLs + 1 s) while
+    /// nobody held the key, and got nothing: a ghost holder, or a lost
+    /// wake-up.
+    pub stuck_waits: usize,
     /// Pairs of incompatible holds of one key that overlapped.
     pub overlaps: usize,
     /// Moments a semaphore had more holders than permits.
@@ -94,14 +103,15 @@ pub struct Findings {
 }
 
 impl Findings {
-    /// Overlaps, permits exceeded, token regressions, superseded writes and
-    /// late guards — everything a correct lock never shows.
+    /// Overlaps, permits exceeded, token regressions, superseded writes, late
+    /// guards and stuck waits — everything a correct lock never shows.
     pub fn violations(&self) -> usize {
         self.overlaps
             + self.over_permits
             + self.token_regressions
             + self.superseded_accepted
             + self.lost_on_arrival
+            + self.stuck_waits
     }
 }
 
@@ -190,6 +200,7 @@ pub fn check(h: &History) -> Findings {
         match e {
             Event::Timeout { .. } => f.timeouts += 1,
             Event::Error { .. } => f.errors += 1,
+            Event::Cancel { .. } => f.cancelled += 1,
             _ => {}
         }
     }
@@ -298,6 +309,7 @@ pub fn check(h: &History) -> Findings {
             }
         }
     }
+    stuck_waits(h, &by_key, t0, &mut f);
     // Recovery: from each fault's healing to the next grant.
     let mut grants: Vec<u128> = by_key.values().flatten().map(|x| x.start_ns).collect();
     grants.sort_unstable();
@@ -308,6 +320,65 @@ pub fn check(h: &History) -> Findings {
         }
     }
     f
+}
+
+/// How long after a fault heals (or a cancellation) its effects may last: a
+/// hold it orphaned expires within a TTL; waiters poll or wake within another.
+pub fn calm_after(ttl_ns: u128) -> u128 {
+    3 * ttl_ns + 5_000_000_000
+}
+
+/// Timeouts of acquires that waited wholly in calm while no hold of the key
+/// existed (see [`Findings::stuck_waits`]).
+fn stuck_waits(h: &History, by_key: &BTreeMap<String, Vec<Hold>>, t0: u128, f: &mut Findings) {
+    let calm = calm_after(h.ttl_ns);
+    let storms: Vec<(u128, u128)> = h
+        .faults
+        .iter()
+        .map(|x| (x.start_ns, x.heal_ns + calm))
+        .collect();
+    // A cancelled acquire or release may leave a hold of its key that
+    // nobody knows of, for its TTL.
+    let after_cancel = 2 * h.ttl_ns + 1_000_000_000;
+    let cancels: Vec<(&str, u128)> = h
+        .events
+        .iter()
+        .filter_map(|(_, e)| match e {
+            Event::Cancel { at_ns, key, .. } => Some((key.as_str(), *at_ns)),
+            _ => None,
+        })
+        .collect();
+    for (_, e) in &h.events {
+        let Event::Timeout {
+            at_ns,
+            key,
+            waited_ns,
+        } = e
+        else {
+            continue;
+        };
+        let from = at_ns.saturating_sub(*waited_ns);
+        let stormy = storms.iter().any(|&(s, e)| s <= *at_ns && e >= from)
+            || cancels
+                .iter()
+                .any(|&(k, c)| k == key && c <= *at_ns && c + after_cancel >= from);
+        let held = by_key.get(key).is_some_and(|holds| {
+            holds
+                .iter()
+                .any(|x| x.start_ns <= *at_ns && x.end_ns >= from)
+        });
+        if !stormy && !held {
+            f.stuck_waits += 1;
+            let text = format!(
+                "stuck wait on {key}: an acquire waited +{}..+{} ms in calm while nobody held it, and got nothing",
+                ms(from.saturating_sub(t0)),
+                ms(at_ns.saturating_sub(t0))
+            );
+            if f.examples.len() < EXAMPLES {
+                f.examples.push(text);
+            }
+        }
+    }
 }
 
 fn ms(ns: u128) -> u64 {
@@ -444,5 +515,53 @@ mod tests {
             ..History::default()
         };
         assert_eq!(check(&h).over_permits, 1);
+    }
+
+    #[test]
+    fn a_wait_in_calm_on_a_free_key_that_gets_nothing_is_stuck() {
+        const S: u128 = 1_000_000_000;
+        let timeout = |at: u128, waited: u128| {
+            (
+                "w".to_string(),
+                Event::Timeout {
+                    at_ns: at * S,
+                    key: "k".into(),
+                    waited_ns: waited * S,
+                },
+            )
+        };
+        let mut h = History {
+            events: vec![
+                grant("a#1", "k", Mode::Exclusive, 1, 0),
+                end("a#1", 10 * S),
+                // Waited while a held: not stuck.
+                timeout(12, 4),
+                // Waited with nobody holding, long after everything: stuck.
+                timeout(30, 4),
+            ],
+            ttl_ns: S,
+            ..History::default()
+        };
+        let f = check(&h);
+        assert_eq!(f.stuck_waits, 1, "{:?}", f.examples);
+        // A fault that healed less than 3 TTLs + 5 s before may explain it.
+        h.faults.push(FaultRecord {
+            kind: "pause".into(),
+            target: "a".into(),
+            start_ns: 20 * S,
+            heal_ns: 21 * S,
+        });
+        assert_eq!(check(&h).stuck_waits, 0);
+        // So may a cancellation less than 2 TTLs + 1 s before.
+        h.faults.clear();
+        h.events.push((
+            "c".into(),
+            Event::Cancel {
+                at_ns: 24 * S,
+                key: "k".into(),
+                what: "acquire".into(),
+            },
+        ));
+        assert_eq!(check(&h).stuck_waits, 0);
     }
 }

@@ -47,6 +47,35 @@ pub fn keys(prefix: &str) -> [String; 3] {
 /// Permits of the semaphore key.
 pub const PERMITS: u32 = 2;
 
+/// The share of acquires and of releases (in percent) dropped in flight.
+const CANCEL_PERCENT: u32 = 15;
+
+/// How long the fastest recent acquire and release took: a cancellation
+/// comes within 1.5 times that, so it often lands while the request is at
+/// the server.
+struct Pace {
+    acquire: Duration,
+    release: Duration,
+}
+
+impl Pace {
+    fn new() -> Pace {
+        Pace {
+            acquire: Duration::from_millis(20),
+            release: Duration::from_millis(20),
+        }
+    }
+
+    /// Takes `took` into `slot`: the fastest, drifting up slowly.
+    fn observe(slot: &mut Duration, took: Duration) {
+        *slot = took.min(slot.mul_f64(1.05));
+    }
+
+    fn budget(rng: &mut fastrand::Rng, slot: Duration) -> Duration {
+        slot.mul_f64(1.5 * rng.f64() * rng.f64())
+    }
+}
+
 /// Runs the client until stdin closes; returns the process's exit status.
 pub async fn client(cfg: ClientConfig) -> u8 {
     tokio::spawn(commands());
@@ -68,6 +97,7 @@ pub async fn client(cfg: ClientConfig) -> u8 {
     let [kx, krw, ksem] = keys(&cfg.prefix);
     let mut rng = fastrand::Rng::with_seed(cfg.seed);
     let ttl = cfg.ttl;
+    let mut pace = Pace::new();
     for n in 0u64.. {
         let roll = rng.u32(0..100);
         let (key, builder) = match roll {
@@ -78,13 +108,36 @@ pub async fn client(cfg: ClientConfig) -> u8 {
             _ => (&kx, locker.lock(&kx)),
         };
         let wait = ttl.mul_f64(1.0 + 2.0 * rng.f64());
-        match builder.ttl(ttl).wait(wait).acquire().await {
+        let asked = Instant::now();
+        let acquire = builder.ttl(ttl).wait(wait).acquire();
+        // Now and then the acquire is dropped in flight, within a few round
+        // trips: what it did at the server must not outlive it for long.
+        let got = if rng.u32(0..100) < CANCEL_PERCENT {
+            let budget = Pace::budget(&mut rng, pace.acquire);
+            match tokio::time::timeout(budget, acquire).await {
+                Ok(got) => got,
+                Err(_) => {
+                    emit(&Event::Cancel {
+                        at_ns: Hold::now_ns(),
+                        key: key.clone(),
+                        what: "acquire".into(),
+                    });
+                    continue;
+                }
+            }
+        } else {
+            acquire.await
+        };
+        Pace::observe(&mut pace.acquire, asked.elapsed());
+        match got {
             Ok(guard) => {
                 let hold = format!("{}#{n}", cfg.name);
-                work(&cfg, &mut rng, &mut register, key, &hold, guard).await;
+                work(&cfg, &mut rng, &mut pace, &mut register, key, &hold, guard).await;
             }
             Err(Error::Timeout { .. }) => emit(&Event::Timeout {
                 at_ns: Hold::now_ns(),
+                key: key.clone(),
+                waited_ns: asked.elapsed().as_nanos(),
             }),
             Err(e) => {
                 emit(&Event::Error {
@@ -147,6 +200,7 @@ fn wall_of(instant: Instant) -> u128 {
 async fn work(
     cfg: &ClientConfig,
     rng: &mut fastrand::Rng,
+    pace: &mut Pace,
     register: &mut RegisterClient,
     key: &str,
     hold: &str,
@@ -209,7 +263,25 @@ async fn work(
         end_ns,
         reason,
     });
-    match tokio::time::timeout(ttl * 2, guard.release()).await {
+    // Now and then the release is dropped in flight (the guard's drop then
+    // queues another); otherwise it has two TTLs to answer.
+    let cancel = rng.u32(0..100) < CANCEL_PERCENT;
+    let budget = if cancel {
+        Pace::budget(rng, pace.release)
+    } else {
+        ttl * 2
+    };
+    let sent = Instant::now();
+    let released = tokio::time::timeout(budget, guard.release()).await;
+    if !cancel {
+        Pace::observe(&mut pace.release, sent.elapsed());
+    }
+    match released {
+        Err(_) if cancel => emit(&Event::Cancel {
+            at_ns: Hold::now_ns(),
+            key: key.to_string(),
+            what: "release".into(),
+        }),
         Ok(Ok(())) | Ok(Err(Error::Lost { .. } | Error::NotHeld { .. })) => {}
         Ok(Err(e)) => emit(&Event::Error {
             at_ns: Hold::now_ns(),

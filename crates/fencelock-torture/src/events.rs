@@ -6,7 +6,10 @@
 //! - `E HOLD END_NS REASON` — the hold's believed validity ended: the release
 //!   was about to be sent, or `lost()` fired, or the deadline passed — the
 //!   earliest of them (`END_NS` ≤ the deadline as last known);
-//! - `T NS KEY` — an acquire gave up after its wait;
+//! - `T NS KEY WAITED_NS` — an acquire of `KEY` gave up after waiting
+//!   `WAITED_NS`;
+//! - `C NS KEY acquire|release` — the client dropped an acquire or a release
+//!   of `KEY` while it was in flight (cancellation);
 //! - `X NS TEXT…` — an acquire or release failed otherwise.
 //!
 //! Times are nanoseconds of the shared wall clock ([`fencelock::Hold::now_ns`]),
@@ -48,6 +51,19 @@ pub enum Event {
     Timeout {
         /// When.
         at_ns: u128,
+        /// The key.
+        key: String,
+        /// How long it waited.
+        waited_ns: u128,
+    },
+    /// The client dropped an operation in flight.
+    Cancel {
+        /// When.
+        at_ns: u128,
+        /// The key.
+        key: String,
+        /// `acquire` or `release`.
+        what: String,
     },
     /// An operation failed.
     Error {
@@ -83,7 +99,12 @@ impl Event {
                 "E {hold} {end_ns} {}",
                 reason.replace(char::is_whitespace, "_")
             ),
-            Event::Timeout { at_ns } => format!("T {at_ns}"),
+            Event::Timeout {
+                at_ns,
+                key,
+                waited_ns,
+            } => format!("T {at_ns} {key} {waited_ns}"),
+            Event::Cancel { at_ns, key, what } => format!("C {at_ns} {key} {what}"),
             Event::Error { at_ns, text } => format!("X {at_ns} {}", text.replace('\n', " ")),
         }
     }
@@ -120,6 +141,13 @@ impl Event {
             }),
             "T" => Some(Event::Timeout {
                 at_ns: p.next()?.parse().ok()?,
+                key: p.next()?.to_string(),
+                waited_ns: p.next()?.parse().ok()?,
+            }),
+            "C" => Some(Event::Cancel {
+                at_ns: p.next()?.parse().ok()?,
+                key: p.next()?.to_string(),
+                what: p.next()?.to_string(),
             }),
             "X" => {
                 let at_ns = p.next()?.parse().ok()?;
@@ -163,7 +191,16 @@ mod tests {
                 end_ns: 15,
                 reason: "lost:renewal_refused".into(),
             },
-            Event::Timeout { at_ns: 3 },
+            Event::Timeout {
+                at_ns: 3,
+                key: "t/x".into(),
+                waited_ns: 7,
+            },
+            Event::Cancel {
+                at_ns: 5,
+                key: "t/rw".into(),
+                what: "release".into(),
+            },
             Event::Error {
                 at_ns: 4,
                 text: "connection refused".into(),
