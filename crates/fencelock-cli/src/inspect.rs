@@ -5,13 +5,33 @@ use fencelock::{Error, LockInfo, Locker};
 use crate::cli::{ListArgs, StatusArgs};
 use crate::exit;
 
+/// `println!` that treats a closed stdout (`fencelock status k | head -1`) as
+/// the reader having seen enough: the process ends quietly, status 0, instead
+/// of panicking.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = writeln!(std::io::stdout().lock(), $($arg)*) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+            eprintln!("fencelock: cannot write the output: {e}");
+            std::process::exit(i32::from(exit::FAILURE));
+        }
+    }};
+}
+
 fn print_holders(info: &LockInfo) {
-    println!(
+    out!(
         "  {:<40} {:<12} {:>5} {:>10} {:>12}",
-        "holder", "mode", "holds", "token", "expires in"
+        "holder",
+        "mode",
+        "holds",
+        "token",
+        "expires in"
     );
     for h in &info.holders {
-        println!(
+        out!(
             "  {:<40} {:<12} {:>5} {:>10} {:>12}",
             h.owner,
             h.mode.to_string(),
@@ -48,15 +68,15 @@ pub async fn status(args: StatusArgs) -> u8 {
     let name = locker.backend().name();
     match locker.inspect(&args.key).await {
         Ok(None) => {
-            println!("{}: free (never locked)", args.key);
+            out!("{}: free (never locked)", args.key);
             0
         }
         Ok(Some(info)) if info.holders.is_empty() => {
-            println!("{}: free{}", args.key, last_token(&info));
+            out!("{}: free{}", args.key, last_token(&info));
             0
         }
         Ok(Some(info)) => {
-            println!("{}: held{}", args.key, last_token(&info));
+            out!("{}: held{}", args.key, last_token(&info));
             print_holders(&info);
             0
         }
@@ -72,7 +92,7 @@ pub async fn list(args: ListArgs) -> u8 {
     let name = locker.backend().name();
     match locker.list(&args.prefix).await {
         Ok(infos) if infos.is_empty() => {
-            println!(
+            out!(
                 "no held locks{}",
                 if args.prefix.is_empty() {
                     String::new()
@@ -84,7 +104,7 @@ pub async fn list(args: ListArgs) -> u8 {
         }
         Ok(infos) => {
             for info in &infos {
-                println!("{}{}", info.key, last_token(info));
+                out!("{}{}", info.key, last_token(info));
                 print_holders(info);
             }
             0

@@ -417,6 +417,19 @@ fn status_and_list_show_the_holder() {
     );
 }
 
+/// `fencelock status k | head -1`: a reader that stops early is no error.
+#[test]
+fn status_and_list_into_a_closed_pipe_end_quietly() {
+    let env = Env::new();
+    for args in [&["status", "orders/1"][..], &["list"][..]] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let o = env.cmd(args).stdout(writer).output().unwrap();
+        assert_eq!(code(&o), 0, "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).is_empty(), "{args:?}: {}", stderr(&o));
+    }
+}
+
 #[test]
 fn bench_prints_json_lines_a_table_and_a_plot() {
     let env = Env::new();
