@@ -454,7 +454,7 @@ impl LockBuilder {
             let Some(g) = backend.try_acquire(&req).instrument(span.clone()).await? else {
                 return Ok(None);
             };
-            if let Some(g) = freshen(&self.locker, &req, g).await? {
+            if let Some(g) = freshen(&self.locker, &req, g, None).await? {
                 log_grant(&req, &g, Duration::ZERO);
                 return Ok(Some(self.locker.guard_for(&req, g, &self.opts)));
             }
@@ -590,7 +590,7 @@ pub(crate) async fn acquire_one(
         let Some(grant) = grant else {
             return Err(timeout());
         };
-        match freshen(locker, req, grant).await? {
+        match freshen(locker, req, grant, deadline).await? {
             Some(grant) => {
                 log_grant(req, &grant, start.elapsed());
                 let mut guard = locker.guard_for(req, grant, opts);
@@ -613,7 +613,9 @@ pub(crate) async fn acquire_one(
 /// the key) or its reply was slow — counts its lease from when the request
 /// was sent, so it could be handed out already invalid. It is renewed first:
 /// then its lease counts from the renewal's start. Returns `None` if the
-/// renewal finds the hold gone (it expired meanwhile); then nothing is held.
+/// renewal finds the hold gone (it expired meanwhile) or does not answer by
+/// `wait_deadline` or within a TTL; then nothing is held (what may be left
+/// is released in the background).
 ///
 /// # Errors
 ///
@@ -622,7 +624,12 @@ pub(crate) async fn acquire_one(
 /// # Cancel safety
 ///
 /// Cancelled during the renewal, the hold is released in the background.
-async fn freshen(locker: &Locker, req: &Request, mut grant: Grant) -> Result<Option<Grant>> {
+async fn freshen(
+    locker: &Locker,
+    req: &Request,
+    mut grant: Grant,
+    wait_deadline: Option<Instant>,
+) -> Result<Option<Grant>> {
     let now = Instant::now();
     let deadline = validity_deadline(grant.requested_at, grant.ttl);
     if deadline.saturating_duration_since(now) >= grant.ttl / 2 {
@@ -635,7 +642,17 @@ async fn freshen(locker: &Locker, req: &Request, mut grant: Grant) -> Result<Opt
         lease: Some(LeaseRef::new(req, &grant)),
     };
     let lease = pending.lease.clone().into_iter().collect::<Vec<_>>();
-    let renewed = locker.shared.backend.renew(&lease).await?;
+    // The renewal may queue behind the very transaction that made the grant
+    // late: it gets until the acquire's deadline, and at most a TTL. Given
+    // up, the hold is released in the background and the grant counts as
+    // lost.
+    let limit = wait_deadline.map_or(now + grant.ttl, |d| d.min(now + grant.ttl));
+    let Ok(renewed) = tokio::time::timeout_at(limit, locker.shared.backend.renew(&lease)).await
+    else {
+        tracing::debug!(key = %req.key, "a late grant's renewal did not answer in time");
+        return Ok(None);
+    };
+    let renewed = renewed?;
     pending.lease = None;
     match renewed.into_iter().next() {
         Some(Renewal::Held { ttl }) => {

@@ -215,10 +215,14 @@ impl GetLock {
         conn: &mut MySqlConnection,
         wait: Option<Option<Instant>>,
     ) -> Result<bool> {
-        let (recorded, up_s): (i64, String) = sqlx::query_as(
-            "SELECT COALESCE((SELECT ttl_ms FROM fencelock_session_ttl WHERE id = 1), 0),
-                    (SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS
-                     WHERE VARIABLE_NAME = 'UPTIME')",
+        // `SHOW GLOBAL STATUS` works on MySQL 8, which has no
+        // `information_schema.GLOBAL_STATUS`, and on MariaDB.
+        let (_, up_s): (String, String) = sqlx::query_as("SHOW GLOBAL STATUS LIKE 'Uptime'")
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        let recorded: i64 = sqlx::query_scalar(
+            "SELECT COALESCE((SELECT ttl_ms FROM fencelock_session_ttl WHERE id = 1), 0)",
         )
         .fetch_one(&mut *conn)
         .await
@@ -229,8 +233,10 @@ impl GetLock {
         let up_ms = (up_s.trim().parse::<i64>().unwrap_or(0) - 1)
             .max(0)
             .saturating_mul(1000);
+        // What the table says now (an operator may have deleted the row):
+        // the next grant records its TTL again if that is less.
         self.recorded_ttl_ms
-            .fetch_max(recorded, std::sync::atomic::Ordering::Relaxed);
+            .store(recorded, std::sync::atomic::Ordering::Relaxed);
         let closed_ms = recorded - up_ms;
         if closed_ms <= 0 {
             return Ok(true);

@@ -41,11 +41,15 @@
 //!   count of wall-clock seconds that can read one too many, so less one) for
 //!   the longest TTL any `get_lock` hold ever had in the database (recorded
 //!   in the InnoDB table `fencelock_session_ttl` before the first grant of
-//!   each longer TTL; durable with `innodb_flush_log_at_trx_commit=1`): every
+//!   each longer TTL; durable with `innodb_flush_log_at_trx_commit=1`, and
+//!   `sync_binlog=1` if the binary log is on): every
 //!   hold from before the restart has lost its validity by then, as long as
 //!   the server's clock does not step forward meanwhile. An operator
 //!   who knows every holder from before a restart is dead may delete that
-//!   row. Known limit: when the server ends one session while it keeps
+//!   row. The record is per database while `GET_LOCK` names are per server:
+//!   every fencelock client of one server must use one database in get_lock
+//!   mode, or the gate of one can open before a hold of another has lapsed.
+//!   Known limit: when the server ends one session while it keeps
 //!   running (`KILL`, a connection the network reset), that lock is free at
 //!   once, and its holder learns it at its next renewal (within ttl/3), or —
 //!   if it is cut off — at its deadline (up to a TTL): another client can be

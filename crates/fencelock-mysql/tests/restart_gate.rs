@@ -112,3 +112,42 @@ async fn nothing_is_granted_before_the_server_was_up_for_the_longest_ttl() {
         tokio::time::sleep(Duration::from_millis(130 + 370 * round % 1000)).await;
     }
 }
+
+/// The docs let an operator delete the gate's record once every holder from
+/// before a restart is dead; a process that knew the record must write it
+/// again before its next grant, or the next crash opens the gate at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_record_is_written_again_before_the_next_grant() {
+    use sqlx::Connection;
+    let ttl = Duration::from_secs(2);
+    let mut db = PrivateMariaDb::start();
+    let url = db.url("get_lock");
+    let a = Locker::new(MySqlBackend::connect(&url).await.unwrap());
+    let g = a.lock("k").ttl(ttl).acquire().await.unwrap();
+    g.release().await.unwrap();
+    tokio::task::block_in_place(|| db.restart());
+    let plain = url.replace("?mode=get_lock", "");
+    let mut c = sqlx::MySqlConnection::connect(&plain).await.unwrap();
+    sqlx::query("DELETE FROM fencelock_session_ttl")
+        .execute(&mut c)
+        .await
+        .unwrap();
+    let g = a
+        .lock("k")
+        .ttl(ttl)
+        .wait(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let recorded: Option<i64> =
+        sqlx::query_scalar("SELECT ttl_ms FROM fencelock_session_ttl WHERE id = 1")
+            .fetch_optional(&mut c)
+            .await
+            .unwrap();
+    assert_eq!(
+        recorded,
+        Some(2000),
+        "granted without the longest TTL recorded again"
+    );
+    g.release().await.unwrap();
+}

@@ -273,8 +273,10 @@ impl Advisory {
         .fetch_one(&mut *conn)
         .await
         .map_err(|e| self.err(e))?;
+        // What the table says now (an operator may have deleted the row):
+        // the next grant records its TTL again if that is less.
         self.recorded_ttl_ms
-            .fetch_max(recorded, std::sync::atomic::Ordering::Relaxed);
+            .store(recorded, std::sync::atomic::Ordering::Relaxed);
         if closed_ms <= 0.0 {
             return Ok(true);
         }

@@ -133,3 +133,42 @@ async fn permit_counts_beyond_the_checked_range_are_refused() {
         .unwrap();
     g.release().await.unwrap();
 }
+
+/// The docs let an operator delete the gate's record once every holder from
+/// before a restart is dead; a process that knew the record must write it
+/// again before its next grant, or the next crash opens the gate at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_record_is_written_again_before_the_next_grant() {
+    use sqlx::Connection;
+    let ttl = Duration::from_secs(2);
+    let mut pg = PrivatePostgres::start();
+    let url = pg.url("advisory");
+    let a = Locker::new(PostgresBackend::connect(&url).await.unwrap());
+    let g = a.lock("k").ttl(ttl).acquire().await.unwrap();
+    g.release().await.unwrap();
+    tokio::task::block_in_place(|| pg.restart());
+    let plain = url.replace("?mode=advisory", "");
+    let mut c = sqlx::PgConnection::connect(&plain).await.unwrap();
+    sqlx::query("DELETE FROM fencelock_session_ttl")
+        .execute(&mut c)
+        .await
+        .unwrap();
+    let g = a
+        .lock("k")
+        .ttl(ttl)
+        .wait(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let recorded: Option<i64> =
+        sqlx::query_scalar("SELECT ttl_ms FROM fencelock_session_ttl WHERE id = 1")
+            .fetch_optional(&mut c)
+            .await
+            .unwrap();
+    assert_eq!(
+        recorded,
+        Some(2000),
+        "granted without the longest TTL recorded again"
+    );
+    g.release().await.unwrap();
+}
