@@ -242,19 +242,18 @@ pub fn check(h: &History) -> Findings {
                 }
             }
         }
-        // Tokens: larger than that of every hold that ended before the grant.
-        let mut ended: Vec<&Hold> = holds.iter().filter(|x| x.token.is_some()).collect();
-        ended.sort_by_key(|x| x.end_ns);
-        let mut i = 0;
-        let mut max: Option<&Hold> = None;
+        // Tokens: larger than that of every hold of a mode it excludes that
+        // ended before the grant. Compatible holds (readers, permits) may be
+        // granted at the servers at once and seen in either order, so their
+        // tokens are not ordered among themselves.
         for x in holds.iter().filter(|x| x.token.is_some()) {
-            while i < ended.len() && ended[i].end_ns < x.start_ns {
-                if max.is_none_or(|m| ended[i].token > m.token) {
-                    max = Some(ended[i]);
-                }
-                i += 1;
-            }
-            if let Some(m) = max
+            let before = holds
+                .iter()
+                .filter(|m| {
+                    m.token.is_some() && m.end_ns < x.start_ns && !x.mode.compatible_with(m.mode)
+                })
+                .max_by_key(|m| m.token);
+            if let Some(m) = before
                 && x.token <= m.token
             {
                 f.token_regressions += 1;
@@ -563,5 +562,26 @@ mod tests {
             },
         ));
         assert_eq!(check(&h).stuck_waits, 0);
+    }
+
+    #[test]
+    fn tokens_are_ordered_against_the_modes_a_hold_excludes() {
+        let h = History {
+            events: vec![
+                grant("a#1", "rw", Mode::Shared, 5, 0),
+                end("a#1", 10),
+                // A reader seen later with a lower token: both readers may
+                // have been granted at once.
+                grant("b#1", "rw", Mode::Shared, 4, 11),
+                end("b#1", 20),
+                // A writer after them must be above both.
+                grant("c#1", "rw", Mode::Exclusive, 5, 21),
+                end("c#1", 30),
+            ],
+            ..History::default()
+        };
+        let f = check(&h);
+        assert_eq!(f.token_regressions, 1, "{:?}", f.examples);
+        assert!(f.examples[0].contains("c#1"), "{:?}", f.examples);
     }
 }
