@@ -25,6 +25,9 @@ pub struct PrivateMariaDb {
 impl PrivateMariaDb {
     pub fn start() -> PrivateMariaDb {
         let dir = tempfile::tempdir().unwrap();
+        // A private tmpdir: bootstraps running at once collide on the names
+        // of their temporary tables in a shared /tmp.
+        std::fs::create_dir(dir.path().join("tmp")).unwrap();
         let status = Command::new("mariadb-install-db")
             .args([
                 "--no-defaults",
@@ -33,6 +36,7 @@ impl PrivateMariaDb {
                 "--auth-root-authentication-method=normal",
             ])
             .arg(format!("--datadir={}", dir.path().join("data").display()))
+            .arg(format!("--tmpdir={}", dir.path().join("tmp").display()))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
@@ -61,6 +65,7 @@ impl PrivateMariaDb {
             .args(["--innodb-buffer-pool-size=16M", "--skip-log-bin"])
             .arg(format!("--datadir={}", d.join("data").display()))
             .arg(format!("--socket={}", d.join("sock").display()))
+            .arg(format!("--tmpdir={}", d.join("tmp").display()))
             .arg(format!("--pid-file={}", d.join("pid").display()))
             .arg(format!("--port={}", self.port))
             .stdout(Stdio::null())
