@@ -1,7 +1,9 @@
-//! A pass-through backend wrapper that counts calls and can make renewals fail.
+//! A pass-through backend wrapper that counts calls, can make renewals fail,
+//! and can slow replies down.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use fencelock_core::{
     Backend, Backoff, Capabilities, Error, Grant, Key, LeaseRef, LockInfo, Released, Renewal,
@@ -13,6 +15,9 @@ use tokio::time::Instant;
 /// [`FlakyBackend::fail_renewals`] makes `renew` fail as a broken connection
 /// would (the backend's server keeps running; only this client's renewals fail).
 ///
+/// [`FlakyBackend::slow_grants`] and [`FlakyBackend::slow_renewals`] hold
+/// replies back as a slow network would (the server has acted already).
+///
 /// The suite uses it to prove that bad input never reaches a backend (zero
 /// calls) and that the watchdog turns failing renewals into `lost()`.
 pub struct FlakyBackend {
@@ -20,6 +25,8 @@ pub struct FlakyBackend {
     calls: AtomicUsize,
     renew_calls: AtomicUsize,
     fail_renewals: AtomicBool,
+    grant_delay_ms: AtomicU64,
+    renew_delay_ms: AtomicU64,
 }
 
 impl FlakyBackend {
@@ -30,6 +37,27 @@ impl FlakyBackend {
             calls: AtomicUsize::new(0),
             renew_calls: AtomicUsize::new(0),
             fail_renewals: AtomicBool::new(false),
+            grant_delay_ms: AtomicU64::new(0),
+            renew_delay_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// From now on, a grant's reply arrives `delay` after the server granted it.
+    pub fn slow_grants(&self, delay: Duration) {
+        self.grant_delay_ms
+            .store(delay.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    /// From now on, a renewal is sent `delay` late.
+    pub fn slow_renewals(&self, delay: Duration) {
+        self.renew_delay_ms
+            .store(delay.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    async fn hold_back(delay_ms: &AtomicU64) {
+        let ms = delay_ms.load(Ordering::SeqCst);
+        if ms > 0 {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
         }
     }
 
@@ -69,7 +97,11 @@ impl Backend for FlakyBackend {
 
     async fn try_acquire(&self, req: &Request) -> Result<Option<Grant>> {
         self.count();
-        self.inner.try_acquire(req).await
+        let got = self.inner.try_acquire(req).await?;
+        if got.is_some() {
+            Self::hold_back(&self.grant_delay_ms).await;
+        }
+        Ok(got)
     }
 
     async fn renew(&self, leases: &[LeaseRef]) -> Result<Vec<Renewal>> {
@@ -82,6 +114,7 @@ impl Backend for FlakyBackend {
                 "connection cut by the testkit",
             ));
         }
+        Self::hold_back(&self.renew_delay_ms).await;
         self.inner.renew(leases).await
     }
 
@@ -92,7 +125,11 @@ impl Backend for FlakyBackend {
 
     async fn acquire(&self, req: &Request, deadline: Option<Instant>) -> Result<Option<Grant>> {
         self.count();
-        self.inner.acquire(req, deadline).await
+        let got = self.inner.acquire(req, deadline).await?;
+        if got.is_some() {
+            Self::hold_back(&self.grant_delay_ms).await;
+        }
+        Ok(got)
     }
 
     async fn wait_change(
