@@ -170,7 +170,8 @@ pub struct TortureArgs {
     )]
     pub backend: Option<String>,
     /// Start private servers and torture them: redis, redlock (5 instances),
-    /// memcached, etcd (3 members), zookeeper (3 servers).
+    /// memcached, etcd (3 members), zookeeper (3 servers), postgres-lease,
+    /// postgres-advisory, mysql-lease, mysql-get-lock (MariaDB).
     #[arg(long, value_name = "KIND", value_parser = parse_spawn)]
     pub spawn: Option<fencelock_torture::SpawnKind>,
     /// Client processes.

@@ -18,7 +18,9 @@ pub use fencelock_core::{HistorySummary, Hold, Violation, check_history};
 pub use flaky::FlakyBackend;
 pub use holder::HolderProcess;
 pub use proxy::{FaultProxy, ProxyMode};
-pub use server::{ServerProcess, free_port, send_signal, wait_for_port};
+pub use server::{
+    ServerProcess, account_ids, free_port, postgres_program, send_signal, wait_for_port,
+};
 
 /// Re-exported for fault tests that signal processes.
 pub use nix::sys::signal::Signal;

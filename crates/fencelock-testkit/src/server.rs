@@ -42,6 +42,40 @@ pub fn wait_for_port(addr: SocketAddr, timeout: Duration) -> io::Result<()> {
     }
 }
 
+/// The newest installed PostgreSQL's program `name`
+/// (`/usr/lib/postgresql/VERSION/bin/NAME`, as Debian installs it).
+///
+/// # Errors
+///
+/// If no PostgreSQL version is installed.
+pub fn postgres_program(name: &str) -> io::Result<std::path::PathBuf> {
+    let newest = std::fs::read_dir("/usr/lib/postgresql")?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter_map(|p| {
+            let v = p.file_name()?.to_str()?.parse::<u32>().ok()?;
+            Some((v, p))
+        })
+        .max_by_key(|(v, _)| *v)
+        .ok_or_else(|| io::Error::other("no PostgreSQL version in /usr/lib/postgresql"))?;
+    Ok(newest.1.join("bin").join(name))
+}
+
+/// The uid and gid of the account `name` (PostgreSQL refuses to run as root).
+///
+/// # Errors
+///
+/// If there is no such account.
+pub fn account_ids(name: &str) -> io::Result<(u32, u32)> {
+    let id = |flag: &str| -> io::Result<u32> {
+        let out = Command::new("id").args([flag, name]).output()?;
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .map_err(|_| io::Error::other(format!("no account {name:?}")))
+    };
+    Ok((id("-u")?, id("-g")?))
+}
+
 /// Sends `signal` to process `pid`.
 ///
 /// # Errors
@@ -118,9 +152,15 @@ impl ServerProcess {
         self.child.as_ref().map(Child::id)
     }
 
-    /// SIGKILLs the server and reaps it.
+    /// SIGKILLs the server and reaps it. A server started as the leader of
+    /// its own process group (`CommandExt::process_group(0)`) is killed with
+    /// the whole group, so that no worker process of it (PostgreSQL's
+    /// backends) outlives it.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
+            if let Ok(pid) = i32::try_from(child.id()) {
+                let _ = nix::sys::signal::killpg(Pid::from_raw(pid), Signal::SIGKILL);
+            }
             let _ = child.kill();
             let _ = child.wait();
         }

@@ -4,11 +4,12 @@
 
 use std::io::{self, Read, Write as _};
 use std::net::TcpStream;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fencelock_testkit::{ServerProcess, free_port};
+use fencelock_testkit::{ServerProcess, account_ids, free_port, postgres_program};
 
 /// Which private servers to start (`--spawn`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,16 +25,31 @@ pub enum SpawnKind {
     Etcd,
     /// A 3-server ZooKeeper ensemble.
     Zookeeper,
+    /// One PostgreSQL server, lease mode, at `synchronous_commit=off` (a
+    /// tuning fencelock must defend against: it pins the setting where it
+    /// counts).
+    PostgresLease,
+    /// The same server, advisory mode.
+    PostgresAdvisory,
+    /// One MariaDB server, lease mode, at its default durability and with
+    /// `READ-COMMITTED` as the default isolation (fencelock pins what it needs).
+    MysqlLease,
+    /// The same server, `GET_LOCK` mode.
+    MysqlGetLock,
 }
 
 impl SpawnKind {
     /// Every kind, with its name on the command line.
-    pub const ALL: [(&'static str, SpawnKind); 5] = [
+    pub const ALL: [(&'static str, SpawnKind); 9] = [
         ("redis", SpawnKind::Redis),
         ("redlock", SpawnKind::Redlock),
         ("memcached", SpawnKind::Memcached),
         ("etcd", SpawnKind::Etcd),
         ("zookeeper", SpawnKind::Zookeeper),
+        ("postgres-lease", SpawnKind::PostgresLease),
+        ("postgres-advisory", SpawnKind::PostgresAdvisory),
+        ("mysql-lease", SpawnKind::MysqlLease),
+        ("mysql-get-lock", SpawnKind::MysqlGetLock),
     ];
 
     /// Parses a name of [`SpawnKind::ALL`].
@@ -77,9 +93,9 @@ impl Servers {
             .prefix("fencelock-torture-")
             .tempdir()?;
         let n = match kind {
-            SpawnKind::Redis | SpawnKind::Memcached => 1,
             SpawnKind::Redlock => 5,
             SpawnKind::Etcd | SpawnKind::Zookeeper => 3,
+            _ => 1,
         };
         let members = (0..n)
             .map(|i| {
@@ -99,6 +115,7 @@ impl Servers {
             _dir: dir,
         };
         for i in 0..n {
+            s.bootstrap(i)?;
             s.start_member(i, true)?;
         }
         s.wait_ready(Duration::from_secs(60))?;
@@ -128,6 +145,14 @@ impl Servers {
             SpawnKind::Memcached => format!("memcached://{}", hosts[0]),
             SpawnKind::Etcd => format!("etcd://{}", hosts.join(",")),
             SpawnKind::Zookeeper => format!("zk://{}?session_timeout=6s", hosts.join(",")),
+            SpawnKind::PostgresLease => {
+                format!("postgres://postgres@{}/postgres?mode=lease", hosts[0])
+            }
+            SpawnKind::PostgresAdvisory => {
+                format!("postgres://postgres@{}/postgres?mode=advisory", hosts[0])
+            }
+            SpawnKind::MysqlLease => format!("mysql://root@{}/mysql?mode=lease", hosts[0]),
+            SpawnKind::MysqlGetLock => format!("mysql://root@{}/mysql?mode=get_lock", hosts[0]),
         }
     }
 
@@ -154,6 +179,7 @@ impl Servers {
             let d = &self.members[i].dir;
             std::fs::remove_dir_all(d)?;
             std::fs::create_dir_all(d)?;
+            self.bootstrap(i)?;
         }
         self.start_member(i, false)
     }
@@ -170,6 +196,49 @@ impl Servers {
                     _ => false,
                 }
         })
+    }
+
+    /// Creates what a database server needs before its first start (its data
+    /// directory); nothing for the others.
+    fn bootstrap(&self, i: usize) -> io::Result<()> {
+        let d = &self.members[i].dir;
+        let status = match self.kind {
+            SpawnKind::PostgresLease | SpawnKind::PostgresAdvisory => {
+                let (uid, gid) = account_ids("postgres")?;
+                std::os::unix::fs::chown(d, Some(uid), Some(gid))?;
+                Command::new(postgres_program("initdb")?)
+                    .arg("-D")
+                    .arg(d.join("data"))
+                    .args(["-U", "postgres", "--auth=trust", "-E", "UTF8"])
+                    .uid(uid)
+                    .gid(gid)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()?
+            }
+            SpawnKind::MysqlLease | SpawnKind::MysqlGetLock => {
+                // A private tmpdir: bootstraps running at once collide on
+                // the names of their temporary tables in a shared /tmp.
+                std::fs::create_dir_all(d.join("tmp"))?;
+                Command::new("mariadb-install-db")
+                    .args(["--no-defaults", "--user=root", "--skip-test-db"])
+                    .arg("--auth-root-authentication-method=normal")
+                    .arg(format!("--datadir={}", d.join("data").display()))
+                    .arg(format!("--tmpdir={}", d.join("tmp").display()))
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()?
+            }
+            _ => return Ok(()),
+        };
+        if status.success() {
+            Ok(())
+        } else {
+            Err(io::Error::other(format!(
+                "the {} data directory could not be created ({status})",
+                self.kind.name()
+            )))
+        }
     }
 
     fn wait_ready(&self, timeout: Duration) -> io::Result<()> {
@@ -267,11 +336,68 @@ impl Servers {
                 .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
                 .arg(m.dir.join("zoo.cfg"));
             }
+            SpawnKind::PostgresLease | SpawnKind::PostgresAdvisory => {
+                name = "postgres";
+                let (uid, gid) = account_ids("postgres")?;
+                cmd = Command::new(postgres_program("postgres")?);
+                cmd.arg("-D")
+                    .arg(m.dir.join("data"))
+                    .args(["-p", &port, "-c", "listen_addresses=127.0.0.1"])
+                    .arg("-c")
+                    .arg(format!("unix_socket_directories={}", m.dir.display()))
+                    .args(["-c", "synchronous_commit=off"])
+                    .uid(uid)
+                    .gid(gid);
+            }
+            SpawnKind::MysqlLease | SpawnKind::MysqlGetLock => {
+                name = "mariadbd";
+                let d = &m.dir;
+                cmd = Command::new(name);
+                cmd.args(["--no-defaults", "--user=root", "--skip-grant-tables"])
+                    .args(["--bind-address=127.0.0.1", "--skip-log-bin"])
+                    .args(["--innodb-buffer-pool-size=16M"])
+                    .arg("--transaction-isolation=READ-COMMITTED")
+                    .arg(format!("--datadir={}", d.join("data").display()))
+                    .arg(format!("--socket={}", d.join("sock").display()))
+                    .arg(format!("--tmpdir={}", d.join("tmp").display()))
+                    .arg(format!("--pid-file={}", d.join("pid").display()))
+                    .arg(format!("--port={port}"));
+            }
         }
-        cmd.stdout(Stdio::null()).stderr(log);
+        // Its own process group: a kill takes every process of the server.
+        cmd.stdout(Stdio::null()).stderr(log).process_group(0);
         let process = ServerProcess::spawn(name, cmd, m.port, Duration::from_secs(60))?;
         self.members[i].process = Some(process);
+        if matches!(
+            self.kind,
+            SpawnKind::PostgresLease | SpawnKind::PostgresAdvisory
+        ) {
+            // After a crash it listens while it still replays its WAL.
+            pg_wait_ready(self.members[i].port, Duration::from_secs(60))?;
+        }
         Ok(())
+    }
+}
+
+/// Waits until the PostgreSQL server on `port` takes sessions.
+fn pg_wait_ready(port: u16, timeout: Duration) -> io::Result<()> {
+    let start = Instant::now();
+    let isready = postgres_program("pg_isready")?;
+    loop {
+        let ready = Command::new(&isready)
+            .args(["-q", "-h", "127.0.0.1", "-p", &port.to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        if ready {
+            return Ok(());
+        }
+        if start.elapsed() > timeout {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("postgres on port {port} takes no sessions after {timeout:?}"),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

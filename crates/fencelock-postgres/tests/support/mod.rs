@@ -12,42 +12,20 @@ use fencelock_core::{FencingToken, Locker, Result, async_trait};
 use fencelock_postgres::PostgresBackend;
 use fencelock_postgres::patterns::Fenced;
 use fencelock_testkit::faults::FaultHarness;
-use fencelock_testkit::{Signal, free_port, send_signal, wait_for_port};
+use fencelock_testkit::{
+    Signal, account_ids, free_port, postgres_program, send_signal, wait_for_port,
+};
 
 pub const SHARED: &str = "postgres://postgres:postgres@127.0.0.1:5432/test";
 
 /// The newest installed PostgreSQL's program `name`.
 fn bin(name: &str) -> PathBuf {
-    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .expect("PostgreSQL is installed (scripts/services.sh)")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .collect();
-    versions.sort_by_key(|p| {
-        p.file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.parse::<u32>().ok())
-            .unwrap_or(0)
-    });
-    versions
-        .last()
-        .expect("a PostgreSQL version")
-        .join("bin")
-        .join(name)
+    postgres_program(name).expect("PostgreSQL is installed (scripts/services.sh)")
 }
 
 /// The uid and gid of the `postgres` account (the server refuses to run as root).
 fn postgres_ids() -> (u32, u32) {
-    let id = |flag: &str| -> u32 {
-        let out = Command::new("id")
-            .args([flag, "postgres"])
-            .output()
-            .expect("id");
-        String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .parse()
-            .expect("a postgres account")
-    };
-    (id("-u"), id("-g"))
+    account_ids("postgres").expect("a postgres account")
 }
 
 /// A private server on a free port, in a temporary data directory.
