@@ -8,9 +8,10 @@
 #                                 each, fixed seeds; fails on any violation a backend's
 #                                 docs do not explain
 #
-# Needs the servers of scripts/services.sh (PostgreSQL, MariaDB and the Redis Cluster
-# by URL) and the programs it installs (redis-server, memcached, etcd, ZooKeeper),
-# which --spawn starts privately. FENCELOCK_BIN picks the binary (default: build the
+# Needs the Redis Cluster of scripts/services.sh (by URL) and the programs it installs
+# (redis-server, memcached, etcd, ZooKeeper, PostgreSQL, MariaDB), which --spawn starts
+# privately (PostgreSQL with synchronous_commit=off, MariaDB at READ-COMMITTED: the
+# settings the backends must not depend on). FENCELOCK_BIN picks the binary (default: build the
 # release one). FENCELOCK_TORTURE_SECS sets the seconds per campaign.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,10 +36,10 @@ targets=(
     "redis (empty restart)|--spawn redis|restart-empty|overlaps: an empty restart loses the grant (README: exclusion holds while Redis keeps its data)"
     "redis cluster|--backend redis+cluster://127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103|pause,kill,clock|"
     "redlock (5)|--spawn redlock|pause,kill,partition,lost-reply,latency,clock,restart,restart-empty,minority,majority|"
-    "postgres lease|--backend postgres://postgres:postgres@127.0.0.1:5432/test?mode=lease|pause,kill,partition,lost-reply,latency,clock|"
-    "postgres advisory|--backend postgres://postgres:postgres@127.0.0.1:5432/test?mode=advisory|pause,kill,partition,lost-reply,latency,clock|"
-    "mysql lease|--backend mysql://root@127.0.0.1:3306/test?mode=lease|pause,kill,partition,lost-reply,latency,clock|"
-    "mysql get_lock|--backend mysql://root@127.0.0.1:3306/test?mode=get_lock|pause,kill,partition,lost-reply,latency,clock|"
+    "postgres lease|--spawn postgres-lease|pause,kill,partition,lost-reply,latency,clock,restart|"
+    "postgres advisory|--spawn postgres-advisory|pause,kill,partition,lost-reply,latency,clock,restart|"
+    "mysql lease|--spawn mysql-lease|pause,kill,partition,lost-reply,latency,clock,restart|"
+    "mysql get_lock|--spawn mysql-get-lock|pause,kill,partition,lost-reply,latency,clock,restart|"
     "zookeeper (3)|--spawn zookeeper|pause,kill,partition,lost-reply,latency,clock,restart,leader,minority,majority|"
     "etcd (3)|--spawn etcd|pause,kill,partition,lost-reply,latency,clock,restart,leader,minority,majority|"
     "memcached|--spawn memcached|pause,kill,partition,lost-reply,latency,clock,restart|superseded_writes_accepted: memcached gives no fencing tokens"

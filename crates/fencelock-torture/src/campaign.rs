@@ -495,6 +495,12 @@ impl Campaign {
             }
         }
         for a in active {
+            // A server that lost its data stays down as long as drawn, even
+            // past the end: a Redlock instance back early would break the
+            // assumption the campaign means to keep (ARCHITECTURE §8).
+            if matches!(a.heal, Heal::Members(_, false)) {
+                tokio::time::sleep_until(a.heal_at.into()).await;
+            }
             records.push(self.heal(a).await);
         }
     }
