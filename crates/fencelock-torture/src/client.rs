@@ -50,6 +50,11 @@ pub const PERMITS: u32 = 2;
 /// The share of acquires and of releases (in percent) dropped in flight.
 const CANCEL_PERCENT: u32 = 15;
 
+/// The share of exclusive holds (in percent), where the backend is reentrant,
+/// that take the key a second time as the same owner with a quarter of the TTL
+/// (see [`nested`]).
+const NEST_PERCENT: u32 = 25;
+
 /// How long the fastest recent acquire and release took: a cancellation
 /// comes within 1.5 times that, so it often lands while the request is at
 /// the server.
@@ -100,8 +105,13 @@ pub async fn client(cfg: ClientConfig) -> u8 {
     let mut pace = Pace::new();
     for n in 0u64.. {
         let roll = rng.u32(0..100);
+        let nest = (roll < 55 && caps.reentrant && rng.u32(0..100) < NEST_PERCENT)
+            .then(|| format!("{}-{n}", cfg.name));
         let (key, builder) = match roll {
-            0..55 => (&kx, locker.lock(&kx)),
+            0..55 => match &nest {
+                Some(owner) => (&kx, locker.lock(&kx).owner(owner)),
+                None => (&kx, locker.lock(&kx)),
+            },
             55..70 => (&krw, locker.lock(&krw)),
             70..85 if caps.shared => (&krw, locker.read_lock(&krw)),
             85..100 if caps.semaphore => (&ksem, locker.semaphore(&ksem, PERMITS)),
@@ -131,8 +141,13 @@ pub async fn client(cfg: ClientConfig) -> u8 {
         Pace::observe(&mut pace.acquire, asked.elapsed());
         match got {
             Ok(guard) => {
-                let hold = format!("{}#{n}", cfg.name);
-                work(&cfg, &mut rng, &mut pace, &mut register, key, &hold, guard).await;
+                let held = Held {
+                    key,
+                    hold: format!("{}#{n}", cfg.name),
+                    guard,
+                    nest: nest.map(|owner| (&locker, owner)),
+                };
+                work(&cfg, &mut rng, &mut pace, &mut register, held).await;
             }
             Err(Error::Timeout { .. }) => emit(&Event::Timeout {
                 at_ns: Hold::now_ns(),
@@ -149,6 +164,43 @@ pub async fn client(cfg: ClientConfig) -> u8 {
         }
     }
     0
+}
+
+/// Takes `key` again as `owner`, who holds it, with a quarter of `ttl`; keeps
+/// it past that (the watchdog renews it) and releases it. Under a backend that
+/// let the nested hold's renewals or release set the key's expiry, the outer
+/// hold would end early while its guard stayed valid.
+async fn nested(locker: &Locker, rng: &mut fastrand::Rng, key: &str, owner: &str, ttl: Duration) {
+    let short = ttl / 4;
+    let acquire = locker
+        .lock(key)
+        .owner(owner)
+        .ttl(short)
+        .wait(Duration::ZERO)
+        .acquire();
+    let guard = match tokio::time::timeout(ttl * 2, acquire).await {
+        Ok(Ok(guard)) => guard,
+        Ok(Err(Error::Lost { .. } | Error::NotHeld { .. } | Error::Timeout { .. })) => return,
+        Ok(Err(e)) => return emit_error(format!("nested acquire: {e}")),
+        Err(_) => return emit_error("nested acquire: no answer within 2 × ttl".into()),
+    };
+    let lost = guard.lost();
+    tokio::select! {
+        () = tokio::time::sleep(short.mul_f64(1.0 + rng.f64())) => {}
+        _ = lost => {}
+    }
+    match tokio::time::timeout(ttl * 2, guard.release()).await {
+        Ok(Ok(()) | Err(Error::Lost { .. } | Error::NotHeld { .. })) => {}
+        Ok(Err(e)) => emit_error(format!("nested release: {e}")),
+        Err(_) => emit_error("nested release: no answer within 2 × ttl".into()),
+    }
+}
+
+fn emit_error(text: String) {
+    emit(&Event::Error {
+        at_ns: Hold::now_ns(),
+        text,
+    });
 }
 
 /// Connects, retrying for a while: a client started during a partition.
@@ -195,6 +247,16 @@ fn wall_of(instant: Instant) -> u128 {
     }
 }
 
+/// A grant a client works under.
+struct Held<'a> {
+    key: &'a str,
+    /// `NAME#N`.
+    hold: String,
+    guard: Guard,
+    /// The locker and the owner of a hold that nests a reentrant one.
+    nest: Option<(&'a Locker, String)>,
+}
+
 /// One hold: announce it, write to the register under it (exclusive modes),
 /// sleep a while (sometimes past the TTL, so the watchdog must renew), end it.
 async fn work(
@@ -202,10 +264,15 @@ async fn work(
     rng: &mut fastrand::Rng,
     pace: &mut Pace,
     register: &mut RegisterClient,
-    key: &str,
-    hold: &str,
-    guard: Guard,
+    held: Held<'_>,
 ) {
+    let Held {
+        key,
+        hold,
+        guard,
+        nest,
+    } = held;
+    let hold = hold.as_str();
     let token = guard.token().map(|t| t.get());
     emit(&Event::Grant {
         hold: hold.to_string(),
@@ -224,6 +291,15 @@ async fn work(
         1
     };
     let ttl = cfg.ttl;
+    if let Some((locker, owner)) = nest {
+        nested(locker, rng, key, &owner, ttl).await;
+        // The outer hold goes on past the nested one's TTL: a release that
+        // left the key with the nested hold's expiry shows as an overlap.
+        tokio::select! {
+            () = tokio::time::sleep(ttl / 2) => {}
+            _ = &mut lost, if !cfg.ignore_lost => {}
+        }
+    }
     for _ in 0..writes {
         if !cfg.ignore_lost && !guard.is_valid() {
             break;
