@@ -8,9 +8,10 @@
 //! ends the process at once, so no client outlives its controller.
 
 use std::net::SocketAddr;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use fencelock::{Error, Guard, Hold, Locker, Mode};
+use fencelock::{Error, Guard, Hold, Lease, Locker, Mode};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::events::Event;
@@ -54,6 +55,32 @@ const CANCEL_PERCENT: u32 = 15;
 /// that take the key a second time as the same owner with a quarter of the TTL
 /// (see [`nested`]).
 const NEST_PERCENT: u32 = 25;
+
+/// The hold this client works under, if any. Its end is reported under this
+/// lock, by [`work`] or, when input ends first, by [`commands`] just before
+/// the process exits — so every hold gets exactly one end, and a hold cut
+/// short by the end of the campaign ends at its own deadline if that came
+/// first (with `--ignore-lost` the client works on past it).
+static CURRENT: Mutex<Option<(String, Lease)>> = Mutex::new(None);
+
+fn current() -> MutexGuard<'static, Option<(String, Lease)>> {
+    CURRENT.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The end of `hold`, now or at its deadline if that passed.
+fn emit_end(hold: String, lease: &Lease) {
+    let end_ns = Hold::now_ns().min(wall_of(lease.deadline().into_std()));
+    let reason = match lease.lost_reason() {
+        Some(r) => format!("lost:{r:?}"),
+        None if lease.is_valid() => "released".to_string(),
+        None => "expired".to_string(),
+    };
+    emit(&Event::End {
+        hold,
+        end_ns,
+        reason,
+    });
+}
 
 /// How long the fastest recent acquire and release took: a cancellation
 /// comes within 1.5 times that, so it often lands while the request is at
@@ -231,6 +258,10 @@ async fn commands() {
         }
     }
     // The controller is gone (or done): so is this client, holds and all.
+    let mut current = current();
+    if let Some((hold, lease)) = current.take() {
+        emit_end(hold, &lease);
+    }
     std::process::exit(0);
 }
 
@@ -274,15 +305,19 @@ async fn work(
     } = held;
     let hold = hold.as_str();
     let token = guard.token().map(|t| t.get());
-    emit(&Event::Grant {
-        hold: hold.to_string(),
-        key: key.to_string(),
-        mode: guard.mode(),
-        token,
-        seen_ns: Hold::now_ns(),
-        valid_ns: wall_of(guard.deadline().into_std()),
-        valid_on_arrival: guard.is_valid(),
-    });
+    {
+        let mut now_held = current();
+        emit(&Event::Grant {
+            hold: hold.to_string(),
+            key: key.to_string(),
+            mode: guard.mode(),
+            token,
+            seen_ns: Hold::now_ns(),
+            valid_ns: wall_of(guard.deadline().into_std()),
+            valid_on_arrival: guard.is_valid(),
+        });
+        *now_held = Some((hold.to_string(), guard.lease()));
+    }
     let lost = guard.lost();
     tokio::pin!(lost);
     let writes = if guard.mode() == Mode::Exclusive {
@@ -328,17 +363,9 @@ async fn work(
         // The negative control writes once more whatever the guard says.
         let _ = register.write(key, token, hold).await;
     }
-    let end_ns = Hold::now_ns().min(wall_of(guard.deadline().into_std()));
-    let reason = match guard.lease().lost_reason() {
-        Some(r) => format!("lost:{r:?}"),
-        None if guard.is_valid() => "released".to_string(),
-        None => "expired".to_string(),
-    };
-    emit(&Event::End {
-        hold: hold.to_string(),
-        end_ns,
-        reason,
-    });
+    if let Some((hold, lease)) = current().take() {
+        emit_end(hold, &lease);
+    }
     // Now and then the release is dropped in flight (the guard's drop then
     // queues another); otherwise it has two TTLs to answer.
     let cancel = rng.u32(0..100) < CANCEL_PERCENT;
