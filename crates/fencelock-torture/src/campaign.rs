@@ -162,6 +162,8 @@ struct Shared {
     events: Vec<(String, Event)>,
     /// Holds each client has open right now.
     holding: HashMap<String, usize>,
+    /// When each client's output ended: its death, whoever caused it.
+    gone: HashMap<String, u128>,
 }
 
 struct Client {
@@ -202,7 +204,6 @@ struct Active {
 struct Campaign {
     cfg: Config,
     shared: Arc<Mutex<Shared>>,
-    gone: HashMap<String, u128>,
     slots: Vec<Slot>,
     register: Register,
     servers: Option<Servers>,
@@ -259,7 +260,6 @@ pub async fn run(cfg: Config) -> io::Result<Report> {
     let mut c = Campaign {
         cfg: cfg.clone(),
         shared: Arc::default(),
-        gone: HashMap::new(),
         slots: Vec::new(),
         register,
         servers,
@@ -301,7 +301,7 @@ pub async fn run(cfg: Config) -> io::Result<Report> {
         let s = lock(&c.shared);
         History {
             events: s.events.clone(),
-            gone_ns: c.gone.clone(),
+            gone_ns: s.gone.clone(),
             writes: c.register.writes(),
             faults: records,
             ttl_ns: c.cfg.ttl.as_nanos(),
@@ -418,6 +418,7 @@ impl Campaign {
                     s.events.push((who.clone(), e));
                 }
             }
+            lock(&shared).gone.insert(who, Hold::now_ns());
         });
         Ok(Client {
             name,
@@ -429,8 +430,8 @@ impl Campaign {
         })
     }
 
-    /// Ends slot `i`'s client: SIGKILL (`kill`) or closing its stdin, and
-    /// records when it was gone.
+    /// Ends slot `i`'s client: SIGKILL (`kill`) or closing its stdin; its
+    /// reader records when it was gone.
     async fn stop_client(&mut self, i: usize, kill: bool) {
         let c = &mut self.slots[i].client;
         if c.dead {
@@ -453,7 +454,6 @@ impl Campaign {
             let _ = c.child.start_kill();
             let _ = c.child.wait().await;
         }
-        self.gone.insert(c.name.clone(), Hold::now_ns());
         let _ = (&mut c.reader).await;
         c.dead = true;
     }

@@ -193,11 +193,20 @@ pub async fn client(cfg: ClientConfig) -> u8 {
     0
 }
 
-/// Takes `key` again as `owner`, who holds it, with a quarter of `ttl`; keeps
-/// it past that (the watchdog renews it) and releases it. Under a backend that
-/// let the nested hold's renewals or release set the key's expiry, the outer
-/// hold would end early while its guard stayed valid.
-async fn nested(locker: &Locker, rng: &mut fastrand::Rng, key: &str, owner: &str, ttl: Duration) {
+/// Takes `key` again as `owner`, who holds it (`outer`), with a quarter of
+/// `ttl`; keeps it past that (the watchdog renews it) and releases it. Under a
+/// backend that let the nested hold's renewals or release set the key's
+/// expiry, the outer hold would end early while its guard stayed valid. A
+/// refusal while the outer hold stayed valid throughout is reported as an
+/// error (reentrancy that treats the owner as a stranger).
+async fn nested(
+    locker: &Locker,
+    rng: &mut fastrand::Rng,
+    key: &str,
+    outer: &Guard,
+    owner: &str,
+    ttl: Duration,
+) {
     let short = ttl / 4;
     let acquire = locker
         .lock(key)
@@ -205,9 +214,17 @@ async fn nested(locker: &Locker, rng: &mut fastrand::Rng, key: &str, owner: &str
         .ttl(short)
         .wait(Duration::ZERO)
         .acquire();
+    let valid_before = outer.is_valid();
     let guard = match tokio::time::timeout(ttl * 2, acquire).await {
         Ok(Ok(guard)) => guard,
-        Ok(Err(Error::Lost { .. } | Error::NotHeld { .. } | Error::Timeout { .. })) => return,
+        Ok(Err(e @ (Error::Lost { .. } | Error::NotHeld { .. } | Error::Timeout { .. }))) => {
+            if valid_before && outer.is_valid() {
+                emit_error(format!(
+                    "nested acquire refused while the hold was valid: {e}"
+                ));
+            }
+            return;
+        }
         Ok(Err(e)) => return emit_error(format!("nested acquire: {e}")),
         Err(_) => return emit_error("nested acquire: no answer within 2 × ttl".into()),
     };
@@ -318,6 +335,20 @@ async fn work(
         });
         *now_held = Some((hold.to_string(), guard.lease()));
     }
+    // The hold's end is reported when `lost()` fires, whatever the client is
+    // doing then (or, if it never fires, below, before the release).
+    let watcher = tokio::spawn({
+        let (lease, hold) = (guard.lease(), hold.to_string());
+        async move {
+            let _ = lease.lost().await;
+            let mut current = current();
+            if current.as_ref().is_some_and(|(h, _)| *h == hold)
+                && let Some((hold, lease)) = current.take()
+            {
+                emit_end(hold, &lease);
+            }
+        }
+    });
     let lost = guard.lost();
     tokio::pin!(lost);
     let writes = if guard.mode() == Mode::Exclusive {
@@ -326,17 +357,24 @@ async fn work(
         1
     };
     let ttl = cfg.ttl;
+    // Once `lost` fired it is not polled again.
+    let mut ended = false;
     if let Some((locker, owner)) = nest {
-        nested(locker, rng, key, &owner, ttl).await;
+        tokio::select! {
+            () = nested(locker, rng, key, &guard, &owner, ttl) => {}
+            _ = &mut lost, if !cfg.ignore_lost => ended = true,
+        }
         // The outer hold goes on past the nested one's TTL: a release that
         // left the key with the nested hold's expiry shows as an overlap.
-        tokio::select! {
-            () = tokio::time::sleep(ttl / 2) => {}
-            _ = &mut lost, if !cfg.ignore_lost => {}
+        if !ended {
+            tokio::select! {
+                () = tokio::time::sleep(ttl / 2) => {}
+                _ = &mut lost, if !cfg.ignore_lost => ended = true,
+            }
         }
     }
     for _ in 0..writes {
-        if !cfg.ignore_lost && !guard.is_valid() {
+        if ended || !cfg.ignore_lost && !guard.is_valid() {
             break;
         }
         if guard.mode() == Mode::Exclusive
@@ -363,6 +401,7 @@ async fn work(
         // The negative control writes once more whatever the guard says.
         let _ = register.write(key, token, hold).await;
     }
+    watcher.abort();
     if let Some((hold, lease)) = current().take() {
         emit_end(hold, &lease);
     }

@@ -103,7 +103,10 @@ impl FaultKind {
             _ if spawned.is_none() => {
                 Some("needs servers the tool started (--spawn); only a URL was given")
             }
-            Restart => None,
+            Restart => match spawned {
+                Some(S::Memcached) => Some("memcached keeps no data: its restart is restart-empty"),
+                _ => None,
+            },
             RestartEmpty => match spawned {
                 Some(S::Redis | S::Memcached | S::Redlock) => None,
                 _ => Some("only Redis, Redlock and memcached members can come back empty"),
@@ -145,6 +148,11 @@ mod tests {
             FaultKind::Restart
                 .unsupported(true, false, Some(SpawnKind::Redis))
                 .is_none()
+        );
+        assert!(
+            FaultKind::Restart
+                .unsupported(true, false, Some(SpawnKind::Memcached))
+                .is_some()
         );
         assert!(
             FaultKind::Partition
