@@ -31,6 +31,10 @@
 //!
 //! # Fencing: a quorum max-register, floored at the instances' clocks
 //!
+//! (Model-checked in `crates/fencelock-models/src/redlock_token.rs`, which
+//! abstracts `acquire`, `propose`, `observe`, `settle_token` and the scripts'
+//! `mint`: change both together; bounds in `docs/SAFETY.md`.)
+//!
 //! Each instance keeps a fence counter `F_i`. An instance that grants answers
 //! `max(F_i + 1, its own clock in µs, p)` and stores that in `F_i`, where `p`
 //! is a proposal that lets the instances agree on one value: the latest clock

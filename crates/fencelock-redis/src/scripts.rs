@@ -172,6 +172,9 @@ impl Call<'_> {
 
 /// Shared prologue: server time, token minting, purge and upkeep of shared
 /// holders (who expire one by one in the sorted set).
+///
+/// `mint` is modelled, with Redlock's proposal and write-back, in
+/// `crates/fencelock-models/src/redlock_token.rs`: change both together.
 macro_rules! prologue {
     () => {
         r"
