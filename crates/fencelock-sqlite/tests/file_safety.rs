@@ -15,6 +15,27 @@ async fn locker(path: &Path) -> Locker {
     Locker::new(SqliteBackend::open(path).await.unwrap())
 }
 
+/// Waits until the last connection to `path` has closed: a dropped locker's
+/// connection closes when its watchdog task ends, a moment later, and SQLite
+/// deletes the `-wal` at that close (by name: deleting or copying the file
+/// meanwhile is what the docs forbid while a process uses it).
+async fn closed(path: &Path) {
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    let wal = std::path::PathBuf::from(wal);
+    let waited = tokio::time::timeout(Duration::from_secs(30), async {
+        while wal.exists() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(
+        waited.is_ok(),
+        "{} stayed open 30 s after its locker was dropped",
+        path.display()
+    );
+}
+
 fn remove_db(path: &Path) {
     for suffix in ["", "-wal", "-shm"] {
         let mut p = path.as_os_str().to_owned();
@@ -81,6 +102,7 @@ async fn an_older_copy_restored_never_makes_tokens_go_back() {
         }
     }
     // The last connection closed: the file is whole without its WAL.
+    closed(&path).await;
     std::fs::copy(&path, &old).unwrap();
     let mut highest = 0;
     {
@@ -91,7 +113,8 @@ async fn an_older_copy_restored_never_makes_tokens_go_back() {
             g.release().await.unwrap();
         }
     }
-    // An operator restores the older copy in place.
+    // Once nobody uses it, an operator restores the older copy in place.
+    closed(&path).await;
     remove_db(&path);
     std::fs::copy(&old, &path).unwrap();
     let a = locker(&path).await;
