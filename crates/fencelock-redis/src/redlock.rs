@@ -77,6 +77,15 @@
 //! hold grants it anew with a larger token, which only raises what later
 //! holders draw above.
 //!
+//! **Known limit (FAULTS.md, Redlock `minority` seed 1031): nested holds and
+//! exclusion.** Each instance keeps its own hold count. An instance can miss
+//! one of the two acquires: it was skipped as failed within the last second,
+//! it timed out, or it was where the outer acquire fell short. The release of
+//! the nested hold then takes that instance's only hold, the outer one. With
+//! a minority down, this can leave the outer guard valid while another
+//! client gets a majority. Tokens still rise, so fenced writes stay safe.
+//! Avoid nested holds on Redlock where exclusion alone must hold.
+//!
 //! # Modes
 //!
 //! Exclusive and shared: any reader majority and writer majority share an
