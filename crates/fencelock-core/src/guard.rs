@@ -319,8 +319,9 @@ impl Guard {
 
     /// The fencing token of the grant (the same for reentrant holds, except on
     /// Redlock when an instance that missed the first hold grants the
-    /// reentrant one anew: then a larger token); `None` when the backend
-    /// cannot guarantee one.
+    /// reentrant one anew: then a larger token, so that a token never comes
+    /// from a hold a release left behind on one instance); `None` when the
+    /// backend cannot guarantee one.
     pub fn token(&self) -> Option<FencingToken> {
         self.lease_ref.token
     }

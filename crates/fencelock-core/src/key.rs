@@ -76,7 +76,8 @@ impl AsRef<str> for Key {
 /// By default every guard gets a fresh owner (the [`Locker`](crate::Locker)'s
 /// random id plus a counter), so two guards never share a hold. Give the same
 /// owner explicitly ([`LockBuilder::owner`](crate::LockBuilder::owner)) to make an
-/// acquisition **reentrant**: the hold count goes up and the token stays the same.
+/// acquisition **reentrant**: the hold count goes up and the token stays the same
+/// (on Redlock it can be larger, see [`Guard::token`](crate::Guard::token)).
 ///
 /// The rules are those of [`Key`].
 ///

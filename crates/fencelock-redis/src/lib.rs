@@ -14,7 +14,8 @@
 //! - **renew**: all leases of the watchdog's tick in one script (one per key on a
 //!   cluster, sent concurrently); a hold that is gone is reported lost, never
 //!   re-created.
-//! - **release** (one round trip): owner-checked, decrements the hold count, and
+//! - **release** (one round trip): takes off the lease's own hold (the owner's
+//!   value lists one grant per hold, each known by the op that made it), and
 //!   when waiters may proceed PUBLISHes on the lock's channel.
 //!
 //! Every call carries an operation id, so that a script that runs twice (a
@@ -59,7 +60,8 @@
 //!   TTLs share one expiry; the shorter one never cuts the longer). A hold that
 //!   is gone is reported lost and never re-created. On a cluster a stalled
 //!   primary costs only the leases it keeps.
-//! - **Release** touches only the owner's hold. A release retried after its
+//! - **Release** touches only the lease's own hold: never another owner's,
+//!   nor another reentrant hold of the same owner. A release retried after its
 //!   reply was lost reports what the first run did; one that never reached
 //!   Redis reports [`NotHeld`](fencelock_core::Error::NotHeld) if the hold has
 //!   gone to another owner meanwhile.
@@ -69,7 +71,7 @@
 //!   be reached for the undo, the hold expires after its TTL.)
 //!
 //! The marks that make scripts act once cost one short-lived key per release
-//! and per reentrant acquire (about 80 bytes, kept for four response timeouts,
+//! (about 80 bytes, kept for four response timeouts,
 //! 20 s by default).
 //!
 //! # Waiting
@@ -327,13 +329,11 @@ impl RedisBackend {
             Attempt::Granted { token, holds, .. } => {
                 self.confirm_replicas(&req.key, req.owner.as_str(), &pending.op)
                     .await?;
+                let grant =
+                    Grant::new(Some(FencingToken::new(token)), req.ttl, holds, requested_at)
+                        .with_handle(pending.op.as_str());
                 pending.settle();
-                Ok(Ok(Grant::new(
-                    Some(FencingToken::new(token)),
-                    req.ttl,
-                    holds,
-                    requested_at,
-                )))
+                Ok(Ok(grant))
             }
             Attempt::Busy { left, .. } => {
                 pending.settle();
@@ -438,7 +438,8 @@ impl RedisBackend {
             tracing::debug!(key = %n.key, error = %e, "a handoff was undone");
             return Ok((released, None));
         }
-        let grant = Grant::new(Some(FencingToken::new(handed)), n.ttl, 1, requested_at);
+        let grant = Grant::new(Some(FencingToken::new(handed)), n.ttl, 1, requested_at)
+            .with_handle(op.as_str());
         Ok((released, Some(grant)))
     }
 

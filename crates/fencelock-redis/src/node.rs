@@ -267,7 +267,8 @@ impl Node {
         }
     }
 
-    /// Renews `leases` in one script; `true` per lease still held.
+    /// Renews `leases` in one script; `true` per lease whose own grant (its
+    /// handle, the grant's op) is still held.
     pub(crate) async fn renew(&self, leases: &[LeaseRef]) -> Result<Vec<bool>> {
         let mut inv = scripts::RENEW.call();
         for lease in leases {
@@ -276,7 +277,8 @@ impl Node {
                 .key(k.hash)
                 .key(k.expiry)
                 .arg(lease.owner.as_str())
-                .arg(lease.ttl.as_millis() as u64);
+                .arg(lease.ttl.as_millis() as u64)
+                .arg(&lease.handle);
         }
         let reply: Vec<i64> = self.conn.invoke(inv).await.map_err(|e| self.err(e))?;
         if reply.len() != leases.len() {
@@ -330,7 +332,8 @@ impl Node {
                         .arg(next_owner)
                         .arg(next_ttl)
                         .arg(proposal)
-                        .arg(op.as_str()),
+                        .arg(op.as_str())
+                        .arg(&lease.handle),
                 )
                 .await;
             match r {

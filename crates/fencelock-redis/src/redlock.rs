@@ -72,19 +72,22 @@
 //! machine is not suspended; the fencing token is what protects the resource
 //! when they do not.
 //!
-//! A reentrant acquire returns the token of the hold it adds to, as the
-//! instances that have that hold answer; an instance that missed the first
-//! hold grants it anew with a larger token, which only raises what later
-//! holders draw above.
+//! A reentrant acquire takes the largest answer too: the token of the hold it
+//! adds to where every instance of its majority has that hold, a larger one
+//! where an instance that missed the hold grants it anew. Taking only the
+//! reentrant answers would be wrong: an instance's hold of the owner may be
+//! one that a release missed (the instance was cut off), older than another
+//! owner's grant since (test
+//! `a_hold_left_behind_on_an_instance_never_gives_an_old_token`).
 //!
-//! **Known limit (FAULTS.md, Redlock `minority` seed 1031): nested holds and
-//! exclusion.** Each instance keeps its own hold count. An instance can miss
-//! one of the two acquires: it was skipped as failed within the last second,
-//! it timed out, or it was where the outer acquire fell short. The release of
-//! the nested hold then takes that instance's only hold, the outer one. With
-//! a minority down, this can leave the outer guard valid while another
-//! client gets a majority. Tokens still rise, so fenced writes stay safe.
-//! Avoid nested holds on Redlock where exclusion alone must hold.
+//! **Nested holds.** Each instance keeps, per owner, one grant per hold, each
+//! known by the op that made it (see `scripts`), and a lease renews and
+//! releases only its own grant. So an instance that missed one of two nested
+//! acquires (skipped as failed, timed out, or where the outer one fell short)
+//! keeps the other hold when the nested one is released: releasing a nested
+//! hold never costs the outer one an instance (test
+//! `releasing_a_nested_hold_never_takes_the_outer_one_off_an_instance`; before
+//! this rule, found by the torture campaign, Redlock `minority` seed 1031).
 //!
 //! # Modes
 //!
@@ -670,31 +673,20 @@ impl RedlockBackend {
         self.observe(readings);
         let valid = |at: Instant| at.duration_since(start) + drift_allowance(req.ttl) < req.ttl;
         if granted.len() >= self.quorum() && valid(Instant::now()) {
-            // A reentrant acquire adds to a hold: its token is that hold's, as
-            // the instances that had it answer (an instance that missed the
-            // hold grants it anew with a larger token, which only raises what
-            // later holders draw above).
-            let reentered: Vec<u64> = granted
-                .iter()
-                .filter(|(_, h)| *h > 1)
-                .map(|(t, _)| *t)
-                .collect();
-            let tokens: Vec<u64> = if req.reentrant && !reentered.is_empty() {
-                reentered
-            } else {
-                granted.iter().map(|(t, _)| *t).collect()
-            };
+            // The largest answer, also for a reentrant acquire: an instance's
+            // hold of the owner may be one a release missed (older than
+            // another owner's grant since), so its token alone could be too
+            // small; an instance that grants anew answers above every earlier
+            // grant it saw.
+            let tokens: Vec<u64> = granted.iter().map(|(t, _)| *t).collect();
             if let Some(token) = self.settle_token(req, &tokens, timeout).await
                 && valid(Instant::now())
             {
-                pending.settle();
                 let holds = granted.iter().map(|(_, h)| *h).max().unwrap_or(1);
-                return Ok(Round::Granted(Grant::new(
-                    Some(FencingToken::new(token)),
-                    req.ttl,
-                    holds,
-                    start,
-                )));
+                let grant = Grant::new(Some(FencingToken::new(token)), req.ttl, holds, start)
+                    .with_handle(pending.op.as_str());
+                pending.settle();
+                return Ok(Round::Granted(grant));
             }
         }
         // Not granted: undo the op wherever it granted or may have run.
@@ -794,12 +786,10 @@ impl RedlockBackend {
             if let Some(token) = self.settle_token(next, &tokens, timeout).await {
                 return Ok((
                     released,
-                    Some(Grant::new(
-                        Some(FencingToken::new(token)),
-                        next.ttl,
-                        1,
-                        start,
-                    )),
+                    Some(
+                        Grant::new(Some(FencingToken::new(token)), next.ttl, 1, start)
+                            .with_handle(op.as_str()),
+                    ),
                 ));
             }
         }

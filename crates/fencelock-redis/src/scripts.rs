@@ -6,8 +6,8 @@
 //!
 //! | key | type | content |
 //! |---|---|---|
-//! | `P{k}` | string | an exclusive hold: `"<owner>\t<holds>\t<token>\t<claims>"`, expiring with the key (`PX`) |
-//! | `P{k}` | hash | shared or semaphore holds: `\tm` → mode; `<owner>` → `"<holds> <token> <claims>"` |
+//! | `P{k}` | string | an exclusive hold: `"<owner>\t<holds>\t<token>\t<grants>"`, expiring with the key (`PX`) |
+//! | `P{k}` | hash | shared or semaphore holds: `\tm` → mode; `<owner>` → `"<holds> <token> <grants>"` |
 //! | `P{k}:exp` | sorted set | shared and semaphore holders: `<owner>` → expiry (server ms), so they expire one by one |
 //! | `P{k}:fence` | string | the last token; never expires |
 //! | `P{k}:q` | sorted set | exclusive waiters in line: `<owner>` → arrival (server µs) |
@@ -26,20 +26,24 @@
 //! itself. So every call carries an operation id `<op>`, unique per call, and
 //! every script gives the same answer and the same effect when it runs again:
 //!
-//! - a hold records its *claims*: the ops that got it as their grant (the
-//!   acquire or handoff that created it, and any later repeat of the same
-//!   request that found it), so a second run of one of them returns it
-//!   unchanged (`mine` = 1);
-//! - a reentrant acquire that adds a hold, and every release, store their
-//!   answer under `P{k}:op:<op>` (`a …` / `r …`); a second run returns it;
+//! - an owner's value lists its *grants*, one per hold it counts (`<holds>` is
+//!   their number): each is the ops that got that hold as their grant — the
+//!   acquire or handoff that created it or, for a reentrant acquire, added it,
+//!   and any later repeat of a non-reentrant request that found it. A second
+//!   run of one of them returns the hold unchanged. A lease knows its grant's
+//!   op (the grant's handle), and its renewals and its release act on that
+//!   grant only: on Redlock an instance that missed one of two nested
+//!   acquires holds one grant, and the release of the other must not take it;
+//! - every release stores its answer under `P{k}:op:<op>` (`r …`); a second
+//!   run returns it;
 //! - an op given up by its caller (a cancelled acquire, a Redlock round or a
 //!   handoff that fell short, a grant the replicas did not acknowledge) is
-//!   undone by `UNDO`: it takes back the hold that op added, or drops the op's
-//!   claim and takes the hold back only when no other op claims it — so the
-//!   undo of a handoff never takes a hold the waiter's own request already
-//!   counted as its grant, nor the other way round — and marks the op `x`, so
-//!   that the acquire, should it arrive after its undo, grants nothing, and a
-//!   release, hands nothing over.
+//!   undone by `UNDO`: it drops the op from its grant and takes the hold back
+//!   only when no other op claims that grant — so the undo of a handoff never
+//!   takes a hold the waiter's own request already counted as its grant, nor
+//!   the other way round — and marks the op `x`, so that the acquire, should
+//!   it arrive after its undo, grants nothing, and a release, hands nothing
+//!   over.
 //!
 //! The marks live for four response timeouts (20 s by default), far longer than
 //! a request can be in flight on a connection the client still uses.
@@ -206,30 +210,57 @@ local function keep_alive(H, Z)
   end
 end
 local now_us = string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2]))
--- holder, holds, token, op of an exclusive hold (op is empty in old values)
+-- holder, holds, token, grants of an exclusive hold
 local function exclusive(v)
-  local holder, holds, token, op = string.match(v, '^([^\t]*)\t(%d+)\t(%d+)\t?([^\t]*)$')
-  return holder, holds, token, op
+  local holder, holds, token, grants = string.match(v, '^([^\t]*)\t(%d+)\t(%d+)\t?([^\t]*)$')
+  return holder, holds, token, grants
 end
--- holds, token, op of a shared or semaphore hold
+-- holds, token, grants of a shared or semaphore hold
 local function shared(v)
-  local holds, token, op = string.match(v, '^(%d+) (%d+) ?(%S*)$')
-  return holds, token, op
+  local holds, token, grants = string.match(v, '^(%d+) (%d+) ?(%S*)$')
+  return holds, token, grants
 end
--- Claims: the ops that got a hold as their grant, comma-separated.
-local function claimed(claims, op)
-  return string.find(',' .. claims .. ',', ',' .. op .. ',', 1, true) ~= nil
+-- Grants: one per hold, separated by ';', each the ops that got that hold
+-- as their grant, separated by ','. A hold is known by any of its ops.
+local function split(grants)
+  local out = {}
+  for g in string.gmatch(grants, '[^;]+') do out[#out + 1] = g end
+  return out
 end
-local function unclaim(claims, op)
-  local left = {}
-  for c in string.gmatch(claims, '[^,]+') do
-    if c ~= op then left[#left + 1] = c end
+local function has(grant, op)
+  return string.find(',' .. grant .. ',', ',' .. op .. ',', 1, true) ~= nil
+end
+-- The index of the grant op belongs to, or nil.
+local function find(gs, op)
+  for i = 1, #gs do
+    if has(gs[i], op) then return i end
   end
-  return table.concat(left, ',')
+  return nil
 end
-local function claim(claims, op)
-  if claims == '' then return op end
-  return claims .. ',' .. op
+-- The index of the grant a lease (its grant's op) holds; an empty op, from a
+-- lease without one, holds the newest.
+local function held_by(gs, op)
+  if op == '' then
+    if #gs > 0 then return #gs end
+    return nil
+  end
+  return find(gs, op)
+end
+-- gs without op: its grant goes when no other op claims it. Returns the
+-- grants and whether a hold went.
+local function without(gs, op)
+  local i = find(gs, op)
+  if not i then return gs, false end
+  local left = {}
+  for o in string.gmatch(gs[i], '[^,]+') do
+    if o ~= op then left[#left + 1] = o end
+  end
+  if #left > 0 then
+    gs[i] = table.concat(left, ',')
+    return gs, false
+  end
+  table.remove(gs, i)
+  return gs, true
 end
 local function unqueue(Q, QE, who)
   if redis.call('ZREM', Q, who) == 1 then redis.call('ZREM', QE, who) end
@@ -244,8 +275,8 @@ end
 /// not), op, mark_ms.
 ///
 /// Returns `{1, token, holds, mine, now_us}` granted (`mine`: 1 when this op
-/// created the hold, 0 when it found or added to an existing hold of the
-/// owner), `{0, ms_until_first_expiry, now_us}` busy (also for an op already
+/// created the hold or ran before, 0 when it found or added to an existing
+/// hold of the owner), `{0, ms_until_first_expiry, now_us}` busy (also for an op already
 /// undone), `{-1, held_mode}` when the owner holds the key in another mode,
 /// `{-2, held_mode}` when a semaphore is held with another permit count.
 pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
@@ -255,12 +286,7 @@ pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
 local H, Z, F, Q, QE, L = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local owner, mode, ttl, reentrant, permits = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
 local queue_ms, op, mark_ms = tonumber(ARGV[7]), ARGV[8], ARGV[9]
-local mark = redis.call('GET', L)
-if mark == 'x' then return {0, 0, now_us} end
-if mark then
-  local token, holds, mine = string.match(mark, '^a (%d+) (%d+) (%d)$')
-  return {1, token, tonumber(holds), tonumber(mine), now_us}
-end
+if redis.call('GET', L) == 'x' then return {0, 0, now_us} end
 local lined = redis.call('EXISTS', Q) == 1
 -- Refused: stand in line (or keep the place) if asked to, and say how long to wait.
 local function refuse(wait_ms)
@@ -289,20 +315,19 @@ local function granted(token)
   return {1, token, 1, 1, now_us}
 end
 -- The owner's existing hold: a second run of this op (unchanged), a
--- reentrant acquire (one hold more, its answer kept for a second run) or a
--- repeat (unchanged, but this op now claims it too, so that undoing the op
--- that made it leaves it to this one). Only ever extends the expiry.
-local function existing(holds, token, claims, write)
-  if claimed(claims, op) then return {1, token, tonumber(holds), 1, now_us} end
-  holds = tonumber(holds)
-  if reentrant == '1' then
-    holds = holds + 1
-    write(holds, claims)
-    redis.call('SET', L, 'a ' .. token .. ' ' .. holds .. ' 0', 'PX', mark_ms)
+-- reentrant acquire (one grant more, this op's) or a repeat (unchanged, but
+-- this op now claims the first grant too, so that undoing the op that made
+-- it leaves it to this one). Only ever extends the expiry.
+local function existing(token, grants, write)
+  local gs = split(grants)
+  if find(gs, op) then return {1, token, #gs, 1, now_us} end
+  if reentrant == '1' or #gs == 0 then
+    gs[#gs + 1] = op
   else
-    write(holds, claim(claims, op))
+    gs[1] = gs[1] .. ',' .. op
   end
-  return {1, token, holds, 0, now_us}
+  write(#gs, table.concat(gs, ';'))
+  return {1, token, #gs, 0, now_us}
 end
 local function take(token)
   if mode == 'exclusive' then
@@ -326,8 +351,8 @@ if kind == 'string' then
   if holder ~= owner then return refuse(redis.call('PTTL', H)) end
   if mode ~= 'exclusive' then return {-1, 'exclusive'} end
   if redis.call('PTTL', H) < ttl then redis.call('PEXPIRE', H, ttl) end
-  return existing(holds, token, hop, function(n, claims)
-    redis.call('SET', H, owner .. '\t' .. n .. '\t' .. token .. '\t' .. claims, 'KEEPTTL')
+  return existing(token, hop, function(n, grants)
+    redis.call('SET', H, owner .. '\t' .. n .. '\t' .. token .. '\t' .. grants, 'KEEPTTL')
   end)
 end
 -- Shared or semaphore holders, each with its own expiry.
@@ -344,9 +369,9 @@ if mine then
   if held ~= mode then return {-1, held} end
   redis.call('ZADD', Z, math.max(tonumber(redis.call('ZSCORE', Z, owner) or '0'), now + ttl), owner)
   keep_alive(H, Z)
-  local holds, token, hop = shared(mine)
-  return existing(holds, token, hop, function(n, claims)
-    redis.call('HSET', H, owner, n .. ' ' .. token .. ' ' .. claims)
+  local _, token, hop = shared(mine)
+  return existing(token, hop, function(n, grants)
+    redis.call('HSET', H, owner, n .. ' ' .. token .. ' ' .. grants)
   end)
 end
 -- A key has one permit count while held.
@@ -370,27 +395,31 @@ return {1, token, 1, 1, now_us}
     ))
 });
 
-/// KEYS: H1, Z1, H2, Z2, …  ARGV: owner1, ttl1_ms, owner2, ttl2_ms, …
-/// Returns one 1 (renewed) or 0 (not held) per lease. Never re-creates a hold,
-/// and never shortens one: the expiry becomes at least now + ttl.
+/// KEYS: H1, Z1, H2, Z2, …  ARGV: owner1, ttl1_ms, grant1, owner2, … (`grant`:
+/// the op of the lease's grant; '' for any hold of the owner).
+/// Returns one 1 (renewed) or 0 (not held) per lease: held means the owner
+/// still has the lease's own grant. Never re-creates a hold, and never
+/// shortens one: the expiry becomes at least now + ttl.
 pub(crate) static RENEW: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(concat!(
         prologue!(),
         r"
 local out = {}
-for i = 1, #KEYS, 2 do
-  local H, Z = KEYS[i], KEYS[i + 1]
-  local owner, ttl = ARGV[i], tonumber(ARGV[i + 1])
+for i = 1, #KEYS / 2 do
+  local H, Z = KEYS[2 * i - 1], KEYS[2 * i]
+  local owner, ttl, grant = ARGV[3 * i - 2], tonumber(ARGV[3 * i - 1]), ARGV[3 * i]
   local kind = redis.call('TYPE', H)['ok']
   local ok = 0
   if kind == 'string' then
-    if exclusive(redis.call('GET', H)) == owner then
+    local holder, _, _, grants = exclusive(redis.call('GET', H))
+    if holder == owner and held_by(split(grants or ''), grant) then
       if redis.call('PTTL', H) < ttl then redis.call('PEXPIRE', H, ttl) end
       ok = 1
     end
   elseif kind == 'hash' then
     local until_ms = tonumber(redis.call('ZSCORE', Z, owner) or '0')
-    if redis.call('HEXISTS', H, owner) == 1 and until_ms > now then
+    local mine = redis.call('HGET', H, owner)
+    if mine and until_ms > now and held_by(split(select(3, shared(mine)) or ''), grant) then
       redis.call('ZADD', Z, math.max(until_ms, now + ttl), owner)
       keep_alive(H, Z)
       ok = 1
@@ -405,10 +434,11 @@ return out
 
 /// KEYS: H, Z, L (the op's mark), F, Q, QE. ARGV: owner, channel, mark_ms,
 /// next_owner ('' for none), next_ttl_ms, proposal (floor of the next token),
-/// op.
+/// op, grant (the op of the lease's grant; '' for the owner's newest hold).
 ///
-/// Returns `{holds_left, handed_token, now_us}`: `holds_left` is -1 when the owner holds
-/// nothing, else the holds left (0: let go). When an exclusive lock is let go
+/// Returns `{holds_left, handed_token, now_us}`: `holds_left` is -1 when the
+/// owner does not hold the lease's grant, else the holds left (0: let go).
+/// Only that grant goes: never another hold of the same owner. When an exclusive lock is let go
 /// and `next_owner` is given, the lock passes to `next_owner` in the same step
 /// (new token, created by this op, no window for anybody else) and
 /// `handed_token` is its token; otherwise `handed_token` is 0 and waiters are
@@ -423,7 +453,7 @@ pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
         prologue!(),
         r"
 local H, Z, L, F = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local owner, channel, mark_ms, next_owner, op = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[7]
+local owner, channel, mark_ms, next_owner, op, grant = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[7], ARGV[8]
 local mark = redis.call('GET', L)
 if mark and mark ~= 'x' then
   local left, handed = string.match(mark, '^r (%-?%d+) (%d+)$')
@@ -436,11 +466,14 @@ local function answer(left, handed)
 end
 local kind = redis.call('TYPE', H)['ok']
 if kind == 'string' then
-  local holder, holds, token, hop = exclusive(redis.call('GET', H))
-  if holder == owner then
-    holds = tonumber(holds) - 1
+  local holder, _, token, hop = exclusive(redis.call('GET', H))
+  local gs = split(hop or '')
+  local i = held_by(gs, grant)
+  if holder == owner and i then
+    table.remove(gs, i)
+    local holds = #gs
     if holds > 0 then
-      redis.call('SET', H, owner .. '\t' .. holds .. '\t' .. token .. '\t' .. hop, 'KEEPTTL')
+      redis.call('SET', H, owner .. '\t' .. holds .. '\t' .. token .. '\t' .. table.concat(gs, ';'), 'KEEPTTL')
       return answer(holds, 0)
     end
     if next_owner ~= '' then
@@ -455,11 +488,14 @@ if kind == 'string' then
   end
 elseif kind == 'hash' then
   local mine = redis.call('HGET', H, owner)
-  if mine and tonumber(redis.call('ZSCORE', Z, owner) or '0') > now then
-    local holds, token, hop = shared(mine)
-    holds = tonumber(holds) - 1
+  local _, token, hop = shared(mine or '')
+  local gs = split(hop or '')
+  local i = held_by(gs, grant)
+  if mine and i and tonumber(redis.call('ZSCORE', Z, owner) or '0') > now then
+    table.remove(gs, i)
+    local holds = #gs
     if holds > 0 then
-      redis.call('HSET', H, owner, holds .. ' ' .. token .. ' ' .. hop)
+      redis.call('HSET', H, owner, holds .. ' ' .. token .. ' ' .. table.concat(gs, ';'))
       return answer(holds, 0)
     end
     redis.call('HDEL', H, owner)
@@ -481,8 +517,8 @@ return {-1, 0, now_us}
 /// KEYS: H, Z, L (the op's mark). ARGV: owner, channel, mark_ms, op.
 ///
 /// Undoes acquire op `op` of `owner`, or the handoff of release op `op` to
-/// `owner`: takes back the one hold that op created or added (releasing the
-/// lock if it was the last) once no other op claims it, nothing else, and
+/// `owner`: takes back the one hold (grant) that op created or added
+/// (releasing the lock if it was the last) once no other op claims it, nothing else, and
 /// marks the op undone so that it grants nothing should it run later. Returns
 /// 1 if a hold was taken back.
 pub(crate) static UNDO: LazyLock<Lua> = LazyLock::new(|| {
@@ -494,46 +530,29 @@ local owner, channel, mark_ms, op = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local mark = redis.call('GET', L)
 if mark == 'x' then return 0 end
 redis.call('SET', L, 'x', 'PX', mark_ms)
--- The op added a hold to an existing one (a reentrant acquire): take that
--- one back. Or it claims the hold (created it, or found it as its grant):
--- drop its claim, and take the hold back when no other op claims it.
-local added = mark ~= false and string.sub(mark, 1, 2) == 'a '
 local kind = redis.call('TYPE', H)['ok']
 if kind == 'string' then
-  local holder, holds, token, claims = exclusive(redis.call('GET', H))
-  if holder ~= owner or not (added or claimed(claims, op)) then return 0 end
-  if not added then
-    claims = unclaim(claims, op)
-    if claims ~= '' then
-      redis.call('SET', H, owner .. '\t' .. holds .. '\t' .. token .. '\t' .. claims, 'KEEPTTL')
-      return 0
-    end
-  end
-  holds = tonumber(holds) - 1
-  if holds > 0 then
-    redis.call('SET', H, owner .. '\t' .. holds .. '\t' .. token .. '\t' .. claims, 'KEEPTTL')
-  else
+  local holder, _, token, grants = exclusive(redis.call('GET', H))
+  if holder ~= owner then return 0 end
+  local gs, went = without(split(grants or ''), op)
+  if #gs > 0 then
+    redis.call('SET', H, owner .. '\t' .. #gs .. '\t' .. token .. '\t' .. table.concat(gs, ';'), 'KEEPTTL')
+  elseif went then
     redis.call('DEL', H)
     redis.call('PUBLISH', channel, 'free')
   end
-  return 1
+  if went then return 1 end
+  return 0
 elseif kind == 'hash' then
   local mine = redis.call('HGET', H, owner)
   if not mine then return 0 end
-  local holds, token, claims = shared(mine)
-  if not (added or claimed(claims, op)) then return 0 end
-  if not added then
-    claims = unclaim(claims, op)
-    if claims ~= '' then
-      redis.call('HSET', H, owner, holds .. ' ' .. token .. ' ' .. claims)
-      return 0
-    end
+  local _, token, grants = shared(mine)
+  local gs, went = without(split(grants or ''), op)
+  if #gs > 0 then
+    redis.call('HSET', H, owner, #gs .. ' ' .. token .. ' ' .. table.concat(gs, ';'))
   end
-  holds = tonumber(holds) - 1
-  if holds > 0 then
-    redis.call('HSET', H, owner, holds .. ' ' .. token .. ' ' .. claims)
-    return 1
-  end
+  if not went then return 0 end
+  if #gs > 0 then return 1 end
   redis.call('HDEL', H, owner)
   redis.call('ZREM', Z, owner)
   if redis.call('ZCARD', Z) == 0 then

@@ -110,10 +110,11 @@ async fn a_script_sent_again_after_a_lost_reply_acts_once() {
 
     // A release whose reply is lost gives one hold back, not two. (One
     // release first, so that the node has the script when the reply is lost.)
-    backend.try_acquire(&req).await.unwrap().unwrap();
-    assert_eq!(backend.release(&lease).await.unwrap().remaining, 2);
+    let third = backend.try_acquire(&req).await.unwrap().unwrap();
+    let third = LeaseRef::new(&req, &third);
+    assert_eq!(backend.release(&third).await.unwrap().remaining, 2);
     let released = with_lost_reply(&cluster, &backend, node, (key, owner), Some(1), {
-        let (b, lease) = (backend.clone(), lease.clone());
+        let (b, lease) = (backend.clone(), LeaseRef::new(&req, &again));
         async move { b.release(&lease).await }
     })
     .await

@@ -663,10 +663,11 @@ async fn an_acquire_cancelled_while_instances_are_slow_leaves_no_hold() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reentrant_acquire_keeps_the_token_of_the_hold_it_adds_to() {
+async fn a_reentrant_acquire_that_an_instance_grants_anew_takes_the_larger_token() {
     // Instances 3 and 4 miss the first hold (their connections reset); a
-    // reentrant acquire then reaches all five: 0, 1, 2 add to the hold, 3 and
-    // 4 grant it anew with larger tokens. The token stays the hold's.
+    // reentrant acquire then reaches all five, and 2, 3 and 4 answer first:
+    // 2 adds to the hold, 3 and 4 grant it anew with larger tokens. The
+    // larger token is the grant's; a later holder's is above it.
     let five = Five::start();
     let px = proxies(&five).await;
     let url = url_through(&px, "");
@@ -682,6 +683,8 @@ async fn a_reentrant_acquire_keeps_the_token_of_the_hold_it_adds_to() {
         .unwrap();
     px[3].restore();
     px[4].restore();
+    px[0].set_latency(Duration::from_millis(500));
+    px[1].set_latency(Duration::from_millis(500));
     // A client that has not seen 3 and 4 fail, with the same owner.
     let b = Locker::new(RedlockBackend::connect(&url).await.unwrap());
     let g2 = b
@@ -693,16 +696,158 @@ async fn a_reentrant_acquire_keeps_the_token_of_the_hold_it_adds_to() {
         .unwrap()
         .expect("the owner re-enters its hold");
     assert_eq!(g2.holds(), 2);
-    assert_eq!(
+    assert!(
+        g2.token() > g1.token(),
+        "the reentrant grant took {:?}, not the larger answer of 3 and 4 (hold {:?})",
         g2.token(),
-        g1.token(),
-        "a reentrant acquire changed the hold's token"
+        g1.token()
     );
-    let t1 = g1.token();
+    let t2 = g2.token();
     g2.release().await.unwrap();
     g1.release().await.unwrap();
-    // A later holder's token is above the hold's.
     let g3 = a.lock("re").try_acquire().await.unwrap().expect("free");
-    assert!(g3.token() > t1);
+    assert!(g3.token() > t2);
     g3.release().await.unwrap();
+}
+
+/// Tries `req` on `backend` until granted (instances that were cut rejoin
+/// after their connections come back); panics after 20 tries.
+async fn granted(backend: &RedlockBackend, req: &Request) -> fencelock_core::Grant {
+    for _ in 0..20 {
+        if let Ok(Some(g)) = backend.try_acquire(req).await {
+            return g;
+        }
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+    }
+    panic!("{req:?} was never granted");
+}
+
+/// Makes `backend` reconnect to instances that were cut: a few calls that go
+/// to every instance (a lock nobody uses), past the second a failed instance
+/// is skipped.
+async fn reconnect(backend: &RedlockBackend) {
+    let spare = Key::new("reconnect").unwrap();
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        let _ = backend.force_release(&spare).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releasing_a_nested_hold_never_takes_the_outer_one_off_an_instance() {
+    // The outer hold is on 0, 1, 2 (3 and 4 cut); the nested one on 0, 1, 3,
+    // 4 (2 cut: it never saw it). Releasing the nested hold must leave the
+    // outer one on 0, 1 and 2 — a majority — so that nobody else is granted.
+    // Counting holds per instance took instance 2's only hold, the outer one.
+    let five = Five::start();
+    let px = proxies(&five).await;
+    let a = RedlockBackend::connect(&url_through(&px, ""))
+        .await
+        .unwrap();
+    let key = Key::new("nested").unwrap();
+    let req = Request::new(
+        key.clone(),
+        Owner::new("owner").unwrap(),
+        Mode::Exclusive,
+        Duration::from_secs(30),
+    );
+    px[3].cut();
+    px[4].cut();
+    let outer = granted(&a, &req).await;
+    px[2].cut();
+    px[3].restore();
+    px[4].restore();
+    reconnect(&a).await;
+    let nested = granted(&a, &req).await;
+    assert_eq!(
+        nested.holds, 2,
+        "the nested acquire did not add to the hold"
+    );
+    px[2].restore();
+    reconnect(&a).await;
+    a.release(&LeaseRef::new(&req, &nested)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let on = holders(&five.ports, "nested").await;
+    assert_eq!(
+        on[..3],
+        [
+            Some("owner".to_string()),
+            Some("owner".into()),
+            Some("owner".into())
+        ],
+        "after the nested release the outer hold is on {on:?}"
+    );
+    assert_eq!(on[3..], [None, None], "the nested hold stayed: {on:?}");
+    let b = RedlockBackend::connect(&five.url()).await.unwrap();
+    let other = Request::new(
+        key.clone(),
+        Owner::new("other").unwrap(),
+        Mode::Exclusive,
+        Duration::from_secs(30),
+    );
+    assert!(
+        b.try_acquire(&other).await.unwrap().is_none(),
+        "granted to another owner while the outer hold is valid"
+    );
+    a.release(&LeaseRef::new(&req, &outer)).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let freed = b.acquire(&other, Some(deadline)).await;
+    assert!(
+        matches!(freed, Ok(Some(_))),
+        "the outer release did not free the lock: {freed:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_left_behind_on_an_instance_never_gives_an_old_token() {
+    // Owner O's release misses instance 0 (cut), which keeps O's hold. C is
+    // granted on 1 and 2 and lets go. O acquires again, and 0 and 1 answer
+    // first: 0 as a reentrant acquire of the hold left there, with its old
+    // token. O's token must still be above C's.
+    let five = Five::start();
+    let px = proxies(&five).await;
+    let a = RedlockBackend::connect(&url_through(&px[..3], "?instance_timeout=1s"))
+        .await
+        .unwrap();
+    let key = Key::new("left-behind").unwrap();
+    let req = |owner: &str| {
+        Request::new(
+            key.clone(),
+            Owner::new(owner).unwrap(),
+            Mode::Exclusive,
+            Duration::from_secs(30),
+        )
+    };
+    let o = req("o");
+    let first = granted(&a, &o).await;
+    px[0].cut();
+    a.release(&LeaseRef::new(&o, &first)).await.unwrap();
+    assert_eq!(
+        holder_on(five.ports[0], "left-behind").await.as_deref(),
+        Some("o"),
+        "the release reached the cut instance"
+    );
+    let c = RedlockBackend::connect(&format!(
+        "redlock://127.0.0.1:{},127.0.0.1:{},127.0.0.1:{}",
+        five.ports[0], five.ports[1], five.ports[2]
+    ))
+    .await
+    .unwrap();
+    let cr = req("c");
+    let between = granted(&c, &cr).await;
+    c.release(&LeaseRef::new(&cr, &between)).await.unwrap();
+    // The release's request to instance 0 has given up (its instance timeout).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    px[0].restore();
+    reconnect(&a).await;
+    // Instances 0 and 1 answer first, and make the majority.
+    px[2].set_latency(Duration::from_millis(500));
+    let again = granted(&a, &o).await;
+    assert!(
+        again.token > between.token,
+        "O's new token {:?} is not above C's {:?}, granted before it (O's first: {:?})",
+        again.token,
+        between.token,
+        first.token
+    );
 }

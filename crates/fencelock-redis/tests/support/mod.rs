@@ -116,7 +116,7 @@ impl PrivateCluster {
         let start = Instant::now();
         'wait: loop {
             assert!(
-                start.elapsed() < Duration::from_secs(30),
+                start.elapsed() < Duration::from_secs(90),
                 "the private cluster never reached cluster_state:ok"
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
