@@ -325,7 +325,11 @@ impl RedisBackend {
     ) -> Result<std::result::Result<Grant, Duration>> {
         let pending = Pending::new(self, req);
         let requested_at = Instant::now();
-        match self.node().attempt(req, 0, queue, &pending.op).await? {
+        match self
+            .node()
+            .attempt(req, 0, queue, &pending.op, false)
+            .await?
+        {
             Attempt::Granted { token, holds, .. } => {
                 self.confirm_replicas(&req.key, req.owner.as_str(), &pending.op)
                     .await?;

@@ -203,13 +203,16 @@ impl Node {
 
     /// One run of the acquire script as operation `op`; `proposal` floors a
     /// new token (0: none). A refused exclusive request stands in the key's
-    /// line for `queue` (zero: it does not).
+    /// line for `queue` (zero: it does not). With `behind`, an existing hold
+    /// of the owner whose token is below the key's fence answers a new token
+    /// (Redlock; see `scripts::ACQUIRE`).
     pub(crate) async fn attempt(
         &self,
         req: &Request,
         proposal: u64,
         queue: Duration,
         op: &Op,
+        behind: bool,
     ) -> Result<Attempt> {
         let k = self.keys(&req.key);
         let permits = match req.mode {
@@ -234,7 +237,8 @@ impl Node {
                     .arg(proposal)
                     .arg(queue.as_millis() as u64)
                     .arg(op.as_str())
-                    .arg(self.mark_ms),
+                    .arg(self.mark_ms)
+                    .arg(u8::from(behind)),
             )
             .await
             .map_err(|e| self.err(e))?;

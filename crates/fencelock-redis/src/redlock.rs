@@ -74,11 +74,15 @@
 //!
 //! A reentrant acquire takes the largest answer too: the token of the hold it
 //! adds to where every instance of its majority has that hold, a larger one
-//! where an instance that missed the hold grants it anew. Taking only the
-//! reentrant answers would be wrong: an instance's hold of the owner may be
-//! one that a release missed (the instance was cut off), older than another
-//! owner's grant since (test
-//! `a_hold_left_behind_on_an_instance_never_gives_an_old_token`).
+//! where an instance that missed the hold grants it anew. An instance's hold
+//! of the owner may also be one a release missed (the instance was cut off),
+//! older than another owner's grant since; that grant's token reached the
+//! instance's fence only by its write-back, and an instance answers a hold
+//! whose fence passed it since its owner last acted on it there with a new
+//! token (`max(F + 1, …)`), not the old one — so the step "that instance
+//! answers at least `t + 1`" above holds for such holds too (tests
+//! `a_hold_left_behind_on_an_instance_never_gives_an_old_token`,
+//! `a_hold_left_behind_that_a_later_fence_passed_gets_a_new_token`).
 //!
 //! **Nested holds.** Each instance keeps, per owner, one grant per hold, each
 //! known by the op that made it (see `scripts`), and a lease renews and
@@ -212,7 +216,7 @@ impl Call {
     async fn run(&self, node: &Node) -> Result<OpAnswer> {
         match self {
             Call::Acquire(req, proposal, op) => node
-                .attempt(req, *proposal, Duration::ZERO, op)
+                .attempt(req, *proposal, Duration::ZERO, op, true)
                 .await
                 .map(OpAnswer::Acquire),
             Call::Release(lease, next, proposal, op) => node

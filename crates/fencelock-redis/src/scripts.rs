@@ -6,8 +6,8 @@
 //!
 //! | key | type | content |
 //! |---|---|---|
-//! | `P{k}` | string | an exclusive hold: `"<owner>\t<holds>\t<token>\t<grants>"`, expiring with the key (`PX`) |
-//! | `P{k}` | hash | shared or semaphore holds: `\tm` → mode; `<owner>` → `"<holds> <token> <grants>"` |
+//! | `P{k}` | string | an exclusive hold: `"<owner>\t<holds>\t<token>\t<grants>\t<seen>"`, expiring with the key (`PX`) |
+//! | `P{k}` | hash | shared or semaphore holds: `\tm` → mode; `<owner>` → `"<holds> <token> <grants> <seen>"` |
 //! | `P{k}:exp` | sorted set | shared and semaphore holders: `<owner>` → expiry (server ms), so they expire one by one |
 //! | `P{k}:fence` | string | the last token; never expires |
 //! | `P{k}:q` | sorted set | exclusive waiters in line: `<owner>` → arrival (server µs) |
@@ -34,6 +34,11 @@
 //!   op (the grant's handle), and its renewals and its release act on that
 //!   grant only: on Redlock an instance that missed one of two nested
 //!   acquires holds one grant, and the release of the other must not take it;
+//! - `<seen>` is the fence when the owner last acted on the hold on this
+//!   instance (a grant, or Redlock's write-back of its token); on Redlock a
+//!   hold that the fence passed since — another owner's grant was written
+//!   back here, so this hold is one a release missed — answers its owner's
+//!   next acquire with a new token, not its old one;
 //! - every release stores its answer under `P{k}:op:<op>` (`r …`); a second
 //!   run returns it;
 //! - an op given up by its caller (a cancelled acquire, a Redlock round or a
@@ -210,15 +215,24 @@ local function keep_alive(H, Z)
   end
 end
 local now_us = string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2]))
--- holder, holds, token, grants of an exclusive hold
+-- holder, holds, token, grants, seen of an exclusive hold (`seen`: the
+-- fence when its owner last acted on it here; the token in older values)
 local function exclusive(v)
-  local holder, holds, token, grants = string.match(v, '^([^\t]*)\t(%d+)\t(%d+)\t?([^\t]*)$')
-  return holder, holds, token, grants
+  local holder, holds, token, grants, seen = string.match(v, '^([^\t]*)\t(%d+)\t(%d+)\t?([^\t]*)\t?(%d*)$')
+  if seen == '' then seen = token end
+  return holder, holds, token, grants, seen
 end
--- holds, token, grants of a shared or semaphore hold
+local function xvalue(owner, holds, token, grants, seen)
+  return owner .. '\t' .. holds .. '\t' .. token .. '\t' .. grants .. '\t' .. seen
+end
+-- holds, token, grants, seen of a shared or semaphore hold
 local function shared(v)
-  local holds, token, grants = string.match(v, '^(%d+) (%d+) ?(%S*)$')
-  return holds, token, grants
+  local holds, token, grants, seen = string.match(v, '^(%d+) (%d+) ?(%S*) ?(%d*)$')
+  if seen == '' then seen = token end
+  return holds, token, grants, seen
+end
+local function svalue(holds, token, grants, seen)
+  return holds .. ' ' .. token .. ' ' .. grants .. ' ' .. seen
 end
 -- Grants: one per hold, separated by ';', each the ops that got that hold
 -- as their grant, separated by ','. A hold is known by any of its ops.
@@ -272,7 +286,9 @@ end
 /// KEYS: H, Z, F, Q, QE, L (the op's mark). ARGV: owner, mode, ttl_ms, reentrant
 /// (1/0), permits, proposal (a floor for a new token; 0 for none), queue_ms (an
 /// exclusive request that is refused stands in line for that long; 0: it does
-/// not), op, mark_ms.
+/// not), op, mark_ms, behind (1/0: an existing hold of the owner whose token
+/// is below the fence gets a new token — Redlock, where the fence can pass a
+/// hold that a release missed, see the `redlock` module).
 ///
 /// Returns `{1, token, holds, mine, now_us}` granted (`mine`: 1 when this op
 /// created the hold or ran before, 0 when it found or added to an existing
@@ -285,7 +301,7 @@ pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
         r"
 local H, Z, F, Q, QE, L = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local owner, mode, ttl, reentrant, permits = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
-local queue_ms, op, mark_ms = tonumber(ARGV[7]), ARGV[8], ARGV[9]
+local queue_ms, op, mark_ms, behind = tonumber(ARGV[7]), ARGV[8], ARGV[9], ARGV[10]
 if redis.call('GET', L) == 'x' then return {0, 0, now_us} end
 local lined = redis.call('EXISTS', Q) == 1
 -- Refused: stand in line (or keep the place) if asked to, and say how long to wait.
@@ -317,24 +333,31 @@ end
 -- The owner's existing hold: a second run of this op (unchanged), a
 -- reentrant acquire (one grant more, this op's) or a repeat (unchanged, but
 -- this op now claims the first grant too, so that undoing the op that made
--- it leaves it to this one). Only ever extends the expiry.
-local function existing(token, grants, write)
+-- it leaves it to this one). Only ever extends the expiry. With `behind`, a
+-- hold that the fence passed since its owner last acted on it here (another
+-- owner's later grant was written back here: the hold is one a release
+-- missed) answers a new token.
+local function existing(token, grants, seen, write)
   local gs = split(grants)
   if find(gs, op) then return {1, token, #gs, 1, now_us} end
+  if behind == '1' and tonumber(redis.call('GET', F) or '0') > tonumber(seen) then
+    token = mint(F, ARGV[6])
+    seen = token
+  end
   if reentrant == '1' or #gs == 0 then
     gs[#gs + 1] = op
   else
     gs[1] = gs[1] .. ',' .. op
   end
-  write(#gs, table.concat(gs, ';'))
+  write(#gs, token, table.concat(gs, ';'), seen)
   return {1, token, #gs, 0, now_us}
 end
 local function take(token)
   if mode == 'exclusive' then
-    redis.call('SET', H, owner .. '\t1\t' .. token .. '\t' .. op, 'PX', ttl)
+    redis.call('SET', H, xvalue(owner, 1, token, op, token), 'PX', ttl)
   else
     redis.call('DEL', Z)
-    redis.call('HSET', H, '\tm', mode, owner, '1 ' .. token .. ' ' .. op)
+    redis.call('HSET', H, '\tm', mode, owner, svalue(1, token, op, token))
     redis.call('ZADD', Z, now + ttl, owner)
     keep_alive(H, Z)
   end
@@ -347,12 +370,12 @@ if kind == 'none' then
   return take(mint(F, ARGV[6]))
 end
 if kind == 'string' then
-  local holder, holds, token, hop = exclusive(redis.call('GET', H))
+  local holder, holds, token, hop, seen = exclusive(redis.call('GET', H))
   if holder ~= owner then return refuse(redis.call('PTTL', H)) end
   if mode ~= 'exclusive' then return {-1, 'exclusive'} end
   if redis.call('PTTL', H) < ttl then redis.call('PEXPIRE', H, ttl) end
-  return existing(token, hop, function(n, grants)
-    redis.call('SET', H, owner .. '\t' .. n .. '\t' .. token .. '\t' .. grants, 'KEEPTTL')
+  return existing(token, hop, seen, function(n, tok, grants, sn)
+    redis.call('SET', H, xvalue(owner, n, tok, grants, sn), 'KEEPTTL')
   end)
 end
 -- Shared or semaphore holders, each with its own expiry.
@@ -369,9 +392,9 @@ if mine then
   if held ~= mode then return {-1, held} end
   redis.call('ZADD', Z, math.max(tonumber(redis.call('ZSCORE', Z, owner) or '0'), now + ttl), owner)
   keep_alive(H, Z)
-  local _, token, hop = shared(mine)
-  return existing(token, hop, function(n, grants)
-    redis.call('HSET', H, owner, n .. ' ' .. token .. ' ' .. grants)
+  local _, token, hop, seen = shared(mine)
+  return existing(token, hop, seen, function(n, tok, grants, sn)
+    redis.call('HSET', H, owner, svalue(n, tok, grants, sn))
   end)
 end
 -- A key has one permit count while held.
@@ -387,7 +410,7 @@ end
 local wait = ahead()
 if wait then return refuse(wait) end
 local token = mint(F, ARGV[6])
-redis.call('HSET', H, owner, '1 ' .. token .. ' ' .. op)
+redis.call('HSET', H, owner, svalue(1, token, op, token))
 redis.call('ZADD', Z, now + ttl, owner)
 keep_alive(H, Z)
 return {1, token, 1, 1, now_us}
@@ -466,19 +489,19 @@ local function answer(left, handed)
 end
 local kind = redis.call('TYPE', H)['ok']
 if kind == 'string' then
-  local holder, _, token, hop = exclusive(redis.call('GET', H))
+  local holder, _, token, hop, seen = exclusive(redis.call('GET', H))
   local gs = split(hop or '')
   local i = held_by(gs, grant)
   if holder == owner and i then
     table.remove(gs, i)
     local holds = #gs
     if holds > 0 then
-      redis.call('SET', H, owner .. '\t' .. holds .. '\t' .. token .. '\t' .. table.concat(gs, ';'), 'KEEPTTL')
+      redis.call('SET', H, xvalue(owner, holds, token, table.concat(gs, ';'), seen), 'KEEPTTL')
       return answer(holds, 0)
     end
     if next_owner ~= '' then
       local next_token = mint(F, ARGV[6])
-      redis.call('SET', H, next_owner .. '\t1\t' .. next_token .. '\t' .. op, 'PX', ARGV[5])
+      redis.call('SET', H, xvalue(next_owner, 1, next_token, op, next_token), 'PX', ARGV[5])
       unqueue(KEYS[5], KEYS[6], next_owner)
       return answer(0, next_token)
     end
@@ -488,14 +511,14 @@ if kind == 'string' then
   end
 elseif kind == 'hash' then
   local mine = redis.call('HGET', H, owner)
-  local _, token, hop = shared(mine or '')
+  local _, token, hop, seen = shared(mine or '')
   local gs = split(hop or '')
   local i = held_by(gs, grant)
   if mine and i and tonumber(redis.call('ZSCORE', Z, owner) or '0') > now then
     table.remove(gs, i)
     local holds = #gs
     if holds > 0 then
-      redis.call('HSET', H, owner, holds .. ' ' .. token .. ' ' .. table.concat(gs, ';'))
+      redis.call('HSET', H, owner, svalue(holds, token, table.concat(gs, ';'), seen))
       return answer(holds, 0)
     end
     redis.call('HDEL', H, owner)
@@ -532,11 +555,11 @@ if mark == 'x' then return 0 end
 redis.call('SET', L, 'x', 'PX', mark_ms)
 local kind = redis.call('TYPE', H)['ok']
 if kind == 'string' then
-  local holder, _, token, grants = exclusive(redis.call('GET', H))
+  local holder, _, token, grants, seen = exclusive(redis.call('GET', H))
   if holder ~= owner then return 0 end
   local gs, went = without(split(grants or ''), op)
   if #gs > 0 then
-    redis.call('SET', H, owner .. '\t' .. #gs .. '\t' .. token .. '\t' .. table.concat(gs, ';'), 'KEEPTTL')
+    redis.call('SET', H, xvalue(owner, #gs, token, table.concat(gs, ';'), seen), 'KEEPTTL')
   elseif went then
     redis.call('DEL', H)
     redis.call('PUBLISH', channel, 'free')
@@ -546,10 +569,10 @@ if kind == 'string' then
 elseif kind == 'hash' then
   local mine = redis.call('HGET', H, owner)
   if not mine then return 0 end
-  local _, token, grants = shared(mine)
+  local _, token, grants, seen = shared(mine)
   local gs, went = without(split(grants or ''), op)
   if #gs > 0 then
-    redis.call('HSET', H, owner, #gs .. ' ' .. token .. ' ' .. table.concat(gs, ';'))
+    redis.call('HSET', H, owner, svalue(#gs, token, table.concat(gs, ';'), seen))
   end
   if not went then return 0 end
   if #gs > 0 then return 1 end
@@ -642,28 +665,33 @@ return ok
 });
 
 /// KEYS: H, F. ARGV: owner, token. Raises the fence to at least `token` and
-/// records `token` as the owner's (Redlock's quorum max-register write).
+/// records `token` as the owner's, with the fence as its `seen` (Redlock's
+/// quorum max-register write).
 pub(crate) static RAISE_FENCE: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
+    Lua::new(concat!(
+        prologue!(),
         r"
 local token = ARGV[2]
-if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(token) then
+local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
+if fence < tonumber(token) then
   redis.call('SET', KEYS[2], token)
+  fence = tonumber(token)
 end
+local seen = string.format('%.0f', fence)
 local kind = redis.call('TYPE', KEYS[1])['ok']
 if kind == 'string' then
-  local holder, holds, _, rest = string.match(redis.call('GET', KEYS[1]), '^([^\t]*)\t(%d+)\t(%d+)(.*)$')
+  local holder, holds, _, grants = exclusive(redis.call('GET', KEYS[1]))
   if holder == ARGV[1] then
-    redis.call('SET', KEYS[1], holder .. '\t' .. holds .. '\t' .. token .. rest, 'KEEPTTL')
+    redis.call('SET', KEYS[1], xvalue(holder, holds, token, grants, seen), 'KEEPTTL')
   end
 elseif kind == 'hash' then
   local mine = redis.call('HGET', KEYS[1], ARGV[1])
   if mine then
-    local holds, _, rest = string.match(mine, '^(%d+) (%d+)(.*)$')
-    redis.call('HSET', KEYS[1], ARGV[1], holds .. ' ' .. token .. rest)
+    local holds, _, grants = shared(mine)
+    redis.call('HSET', KEYS[1], ARGV[1], svalue(holds, token, grants, seen))
   end
 end
 return 1
-",
-    )
+"
+    ))
 });

@@ -851,3 +851,84 @@ async fn a_hold_left_behind_on_an_instance_never_gives_an_old_token() {
         first.token
     );
 }
+
+/// Runs a command on instance `port` directly.
+async fn on_instance<T: redis::FromRedisValue>(port: u16, cmd: &mut redis::Cmd) -> T {
+    let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}").as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    cmd.query_async(&mut c).await.unwrap()
+}
+
+/// Instance `port`'s clock, in µs.
+async fn clock_us(port: u16) -> u64 {
+    let (s, us): (u64, u64) = on_instance(port, &mut redis::cmd("TIME")).await;
+    s * 1_000_000 + us
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_left_behind_that_a_later_fence_passed_gets_a_new_token() {
+    // W's release misses instance 0, which keeps W's hold. R is granted on 1
+    // and 2, whose answers differ (instance 1's clock is a minute ahead), so
+    // R's token is written back; the write-back reaches 0 and 1, not 2 (cut
+    // while it was in flight — set here by hand: 2 keeps its own answer). R
+    // lets go. W is granted on 0 and 2 (1 cut): 0 has W's old hold, 2 mints
+    // from its own fence. W's token must be above R's: an instance whose
+    // fence passed the hold it finds answers a new token.
+    let five = Five::start();
+    let ports = &five.ports[..3];
+    let pw = proxies(&five).await;
+    let w = RedlockBackend::connect(&url_through(&pw[..3], "?instance_timeout=1s"))
+        .await
+        .unwrap();
+    let key = Key::new("passed").unwrap();
+    let fence = "fencelock:{passed}:fence";
+    let req = |owner: &str| {
+        Request::new(
+            key.clone(),
+            Owner::new(owner).unwrap(),
+            Mode::Exclusive,
+            Duration::from_secs(30),
+        )
+    };
+    let (wr, rr) = (req("w"), req("r"));
+    let first = granted(&w, &wr).await;
+    pw[0].cut();
+    w.release(&LeaseRef::new(&wr, &first)).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(holder_on(ports[0], "passed").await.as_deref(), Some("w"));
+    let ahead = clock_us(ports[1]).await + 60_000_000;
+    let _: () = on_instance(ports[1], redis::cmd("SET").arg(fence).arg(ahead)).await;
+    let r = RedlockBackend::connect(&format!(
+        "redlock://127.0.0.1:{},127.0.0.1:{},127.0.0.1:{}",
+        ports[0], ports[1], ports[2]
+    ))
+    .await
+    .unwrap();
+    let rg = granted(&r, &rr).await;
+    let t_r = rg.token.unwrap();
+    assert!(
+        t_r.get() > ahead,
+        "R's token {t_r:?} is not instance 1's answer"
+    );
+    let own = clock_us(ports[2]).await;
+    let _: () = on_instance(ports[2], redis::cmd("SET").arg(fence).arg(own)).await;
+    r.release(&LeaseRef::new(&rr, &rg)).await.unwrap();
+    let store = RedisBackend::connect("redis://127.0.0.1:6379")
+        .await
+        .unwrap();
+    let resource = format!("redlock-passed-test:{}", uuid_like());
+    assert!(store.fenced_set(&resource, t_r, "R").await.unwrap());
+    pw[0].restore();
+    pw[1].cut();
+    reconnect(&w).await;
+    let again = granted(&w, &wr).await;
+    let t_w = again.token.unwrap();
+    assert!(
+        t_w > t_r,
+        "W, granted after R let go, got token {t_w:?} below R's {t_r:?}"
+    );
+    assert!(store.fenced_set(&resource, t_w, "W").await.unwrap());
+}
