@@ -93,6 +93,12 @@
 //! `releasing_a_nested_hold_never_takes_the_outer_one_off_an_instance`; before
 //! this rule, found by the torture campaign, Redlock `minority` seed 1031).
 //!
+//! **Known limit (liveness only).** When a waiter's own round and a handoff
+//! from a guard of its own `Locker` both succeed, the guard keeps its own
+//! round's grant (the same hold, counted once); instances where only the
+//! handoff landed — never a majority, since the round was granted on one
+//! elsewhere — keep the handed hold until its TTL ends after the release.
+//!
 //! # Modes
 //!
 //! Exclusive and shared: any reader majority and writer majority share an
