@@ -423,8 +423,15 @@ impl Node {
     }
 
     /// Raises the fence of `key` to at least `token`, and records `token` in
-    /// `owner`'s hold (so that a reentrant acquire gets it back).
-    pub(crate) async fn raise_fence(&self, key: &Key, owner: &str, token: u64) -> Result<()> {
+    /// `owner`'s hold if it is still that of grant `op` (so that a reentrant
+    /// acquire gets it back).
+    pub(crate) async fn raise_fence(
+        &self,
+        key: &Key,
+        owner: &str,
+        op: &Op,
+        token: u64,
+    ) -> Result<()> {
         let k = self.keys(key);
         let _: i64 = self
             .conn
@@ -433,7 +440,8 @@ impl Node {
                     .key(&k.hash)
                     .key(&k.fence)
                     .arg(owner)
-                    .arg(token),
+                    .arg(token)
+                    .arg(op.as_str()),
             )
             .await
             .map_err(|e| self.err(e))?;

@@ -80,9 +80,14 @@
 //! instance's fence only by its write-back, and an instance answers a hold
 //! whose fence passed it since its owner last acted on it there with a new
 //! token (`max(F + 1, …)`), not the old one — so the step "that instance
-//! answers at least `t + 1`" above holds for such holds too (tests
+//! answers at least `t + 1`" above holds for such holds too. What the owner
+//! last saw is the largest token of its own grants there: a write-back
+//! (`RAISE_FENCE`) touches only a hold that still lists its grant and raises
+//! what the hold saw to its own token, never to the fence, which may have
+//! passed it by another owner's grant when the write-back arrives late (tests
 //! `a_hold_left_behind_on_an_instance_never_gives_an_old_token`,
-//! `a_hold_left_behind_that_a_later_fence_passed_gets_a_new_token`).
+//! `a_hold_left_behind_that_a_later_fence_passed_gets_a_new_token`,
+//! `a_late_write_back_of_an_owners_old_token_never_makes_its_hold_look_current`).
 //!
 //! **Nested holds.** Each instance keeps, per owner, one grant per hold, each
 //! known by the op that made it (see `scripts`), and a lease renews and
@@ -600,14 +605,20 @@ impl RedlockBackend {
     /// max-register): the largest answer. If every answer is that one, the
     /// majority already stores it; otherwise it is written back to a majority.
     /// `None` if that write-back did not reach a majority.
-    async fn settle_token(&self, req: &Request, answers: &[u64], timeout: Duration) -> Option<u64> {
+    async fn settle_token(
+        &self,
+        req: &Request,
+        op: &Op,
+        answers: &[u64],
+        timeout: Duration,
+    ) -> Option<u64> {
         let token = answers.iter().copied().max()?;
         if answers.iter().all(|t| *t == token) {
             return Some(token);
         }
         let raised = self
             .on_all(timeout, Skip::Down, |_, n| {
-                n.raise_fence(&req.key, req.owner.as_str(), token)
+                n.raise_fence(&req.key, req.owner.as_str(), op, token)
             })
             .await;
         let acks = raised
@@ -689,7 +700,7 @@ impl RedlockBackend {
             // small; an instance that grants anew answers above every earlier
             // grant it saw.
             let tokens: Vec<u64> = granted.iter().map(|(t, _)| *t).collect();
-            if let Some(token) = self.settle_token(req, &tokens, timeout).await
+            if let Some(token) = self.settle_token(req, &pending.op, &tokens, timeout).await
                 && valid(Instant::now())
             {
                 let holds = granted.iter().map(|(_, h)| *h).max().unwrap_or(1);
@@ -793,7 +804,7 @@ impl RedlockBackend {
         let valid = start.elapsed() + drift_allowance(next.ttl) < next.ttl;
         if handed.len() >= self.quorum() && valid {
             let tokens: Vec<u64> = handed.iter().map(|(_, t)| *t).collect();
-            if let Some(token) = self.settle_token(next, &tokens, timeout).await {
+            if let Some(token) = self.settle_token(next, &op, &tokens, timeout).await {
                 return Ok((
                     released,
                     Some(

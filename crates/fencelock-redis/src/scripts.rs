@@ -664,31 +664,36 @@ return ok
     )
 });
 
-/// KEYS: H, F. ARGV: owner, token. Raises the fence to at least `token` and
-/// records `token` as the owner's, with the fence as its `seen` (Redlock's
-/// quorum max-register write).
+/// KEYS: H, F. ARGV: owner, token, grant (the op of the grant the token is
+/// for). Raises the fence to at least `token` and, if the owner's hold still
+/// lists that grant, records `token` as the hold's and raises its `seen` to
+/// `token` — never to the fence, which another owner's grant may have raised
+/// past it (a write-back can arrive late) — Redlock's quorum max-register
+/// write.
 pub(crate) static RAISE_FENCE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(concat!(
         prologue!(),
         r"
-local token = ARGV[2]
-local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
-if fence < tonumber(token) then
+local token, grant = ARGV[2], ARGV[3]
+if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(token) then
   redis.call('SET', KEYS[2], token)
-  fence = tonumber(token)
 end
-local seen = string.format('%.0f', fence)
+local function raised(seen)
+  return string.format('%.0f', math.max(tonumber(seen), tonumber(token)))
+end
 local kind = redis.call('TYPE', KEYS[1])['ok']
 if kind == 'string' then
-  local holder, holds, _, grants = exclusive(redis.call('GET', KEYS[1]))
-  if holder == ARGV[1] then
-    redis.call('SET', KEYS[1], xvalue(holder, holds, token, grants, seen), 'KEEPTTL')
+  local holder, holds, _, grants, seen = exclusive(redis.call('GET', KEYS[1]))
+  if holder == ARGV[1] and find(split(grants), grant) then
+    redis.call('SET', KEYS[1], xvalue(holder, holds, token, grants, raised(seen)), 'KEEPTTL')
   end
 elseif kind == 'hash' then
   local mine = redis.call('HGET', KEYS[1], ARGV[1])
   if mine then
-    local holds, _, grants = shared(mine)
-    redis.call('HSET', KEYS[1], ARGV[1], svalue(holds, token, grants, seen))
+    local holds, _, grants, seen = shared(mine)
+    if grants and find(split(grants), grant) then
+      redis.call('HSET', KEYS[1], ARGV[1], svalue(holds, token, grants, raised(seen)))
+    end
   end
 end
 return 1

@@ -932,3 +932,99 @@ async fn a_hold_left_behind_that_a_later_fence_passed_gets_a_new_token() {
     );
     assert!(store.fenced_set(&resource, t_w, "W").await.unwrap());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_write_back_of_an_owners_old_token_never_makes_its_hold_look_current() {
+    // B's grant is written back (its answers differ: instance 2's clock is
+    // an hour ahead); the write-back to instance 0 is held up, and so is B's
+    // release there, so 0 keeps B's hold. A is granted on 1 and 2 with a
+    // larger token, written back to 0 (and lost on 1). Then B's old
+    // write-back reaches 0. B's owner is granted on 0 and 1: 0 must not
+    // answer B's old token as if its hold were current.
+    let five = Five::start();
+    let ports = &five.ports[..3];
+    let px = proxies(&five).await;
+    let key = Key::new("late").unwrap();
+    let fence = "fencelock:{late}:fence";
+    let req = |owner: &str| {
+        Request::new(
+            key.clone(),
+            Owner::new(owner).unwrap(),
+            Mode::Exclusive,
+            Duration::from_secs(30),
+        )
+    };
+    let (br, ar) = (req("b"), req("a"));
+    let b = RedlockBackend::connect(&url_through(&px[..3], "?instance_timeout=3s"))
+        .await
+        .unwrap();
+    let warm = granted(&b, &br).await;
+    b.release(&LeaseRef::new(&br, &warm)).await.unwrap();
+    let ahead = clock_us(ports[2]).await + 3_600_000_000;
+    let _: () = on_instance(ports[2], redis::cmd("SET").arg(fence).arg(ahead)).await;
+    // 1 and 2 answer late; as soon as 0 has granted, everything to 0 waits 12 s.
+    px[1].set_latency(Duration::from_millis(1000));
+    px[2].set_latency(Duration::from_millis(1000));
+    let round = tokio::spawn({
+        let (b, br) = (b.clone(), br.clone());
+        async move { b.try_acquire(&br).await }
+    });
+    while holder_on(ports[0], "late").await.as_deref() != Some("b") {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    px[0].set_latency(Duration::from_secs(12));
+    let bg = round.await.unwrap().unwrap().expect("B granted on 1 and 2");
+    let t_b = bg.token.unwrap();
+    assert!(t_b.get() > ahead, "B's answers did not differ");
+    px[1].set_latency(Duration::ZERO);
+    px[2].set_latency(Duration::ZERO);
+    px[0].set_latency(Duration::from_secs(60));
+    b.release(&LeaseRef::new(&br, &bg)).await.unwrap();
+    // A: refused by 0, granted by 1 and 2, written back to 0; lost on 1.
+    let _: () = on_instance(
+        ports[2],
+        redis::cmd("SET").arg(fence).arg(t_b.get() + 10_000_000),
+    )
+    .await;
+    let a = RedlockBackend::connect(&format!(
+        "redlock://127.0.0.1:{},127.0.0.1:{},127.0.0.1:{}",
+        ports[0], ports[1], ports[2]
+    ))
+    .await
+    .unwrap();
+    let ag = granted(&a, &ar).await;
+    let t_a = ag.token.unwrap();
+    let _: () = on_instance(ports[1], redis::cmd("SET").arg(fence).arg(t_b.get() + 1)).await;
+    a.release(&LeaseRef::new(&ar, &ag)).await.unwrap();
+    // B's old write-back reaches 0.
+    let name = "fencelock:{late}";
+    let mut landed = false;
+    for _ in 0..300 {
+        let v: Option<String> = on_instance(ports[0], redis::cmd("GET").arg(name)).await;
+        if v.unwrap_or_default().split('\t').nth(2) == Some(&t_b.get().to_string()) {
+            landed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(landed, "B's write-back never reached instance 0");
+    px[0].cut();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    px[0].restore();
+    px[0].set_latency(Duration::ZERO);
+    px[2].cut();
+    let b = RedlockBackend::connect(&format!(
+        "redlock://127.0.0.1:{},127.0.0.1:{},{}?instance_timeout=3s",
+        ports[0],
+        ports[1],
+        px[2].addr()
+    ))
+    .await
+    .unwrap();
+    let again = granted(&b, &br).await;
+    let t_again = again.token.unwrap();
+    assert!(
+        t_again > t_a,
+        "B, granted after A let go, got token {t_again:?} below A's {t_a:?}"
+    );
+}
