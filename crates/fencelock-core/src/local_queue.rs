@@ -11,7 +11,9 @@
 //! one round trip where a release and a new acquire would take two, with no
 //! window in which anybody else could take the lock. To keep waiters of other
 //! processes from starving, at most [`MAX_HANDOFFS`] handoffs happen in a row;
-//! then the lock is released plainly and every waiter races for it.
+//! then the lock is released plainly and every waiter races for it. (With the
+//! Redis scripts, the handoff racing the head's own request is model-checked in
+//! `crates/fencelock-models/src/redis_line.rs`, `docs/SAFETY.md`.)
 //!
 //! While a guard of this locker holds the key (a [`LineHold`]), the head does
 //! not ask the backend at all: the lock is busy, and it will be handed over or

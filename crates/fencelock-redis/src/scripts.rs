@@ -55,6 +55,10 @@
 //!
 //! # The line
 //!
+//! (Model-checked, with the handoff and `UNDO`, in
+//! `crates/fencelock-models/src/redis_line.rs`: change both together; bounds
+//! in `docs/SAFETY.md`.)
+//!
 //! The line makes exclusive waiting fair across processes: while it is not
 //! empty, a free lock goes only to its first live waiter (a release PUBLISHes,
 //! every waiter asks, the first wins). A release that hands the lock to the
