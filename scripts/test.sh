@@ -16,6 +16,10 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 echo "== tests"
 cargo test --workspace --all-features
 
+echo "== shuttle (the in-process line under shuttle's schedulers: docs/SAFETY.md §3)"
+RUSTFLAGS="--cfg shuttle" cargo test -p fencelock-core --lib --release \
+    --target-dir target/shuttle shuttle_tests
+
 echo "== torture (a short fault campaign per backend, fixed seeds)"
 FENCELOCK_BIN=target/debug/fencelock scripts/torture.sh --ci
 

@@ -85,7 +85,7 @@ impl Backoff {
         if let Some(dl) = deadline {
             until = until.min(dl);
         }
-        tokio::time::sleep_until(until).await;
+        crate::sync::sleep_until(until).await;
     }
 }
 

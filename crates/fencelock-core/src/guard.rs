@@ -14,6 +14,7 @@ use crate::key::{Key, Owner};
 use crate::local_queue::LineHold;
 use crate::locker::Shared;
 use crate::mode::Mode;
+use crate::sync::{runtime_present, spawn};
 use crate::token::FencingToken;
 use crate::watchdog::DropRelease;
 
@@ -215,9 +216,9 @@ impl Lease {
                     // The sender lives in this future (`state`), so `changed` only
                     // fails if that invariant breaks; then the deadline decides.
                     r = rx.changed() => if r.is_err() {
-                        tokio::time::sleep_until(deadline).await;
+                        crate::sync::sleep_until(deadline).await;
                     },
-                    _ = tokio::time::sleep_until(deadline) => {
+                    _ = crate::sync::sleep_until(deadline) => {
                         expire_if_due(&state, Instant::now());
                     }
                 }
@@ -375,8 +376,12 @@ impl Guard {
     ///
     /// # Cancel safety
     ///
-    /// If cancelled, the release may or may not have reached the backend; the
-    /// watchdog no longer renews the hold either way, so it expires after its TTL.
+    /// If cancelled, a plain release may or may not have reached the backend;
+    /// the watchdog no longer renews the hold either way, so it expires after
+    /// its TTL. A release that hands the lock to a waiter of this locker (an
+    /// exclusive hold with the default owner, see [`Locker`](crate::Locker))
+    /// runs to its end in the background: the waiter gets the lock, or, if it
+    /// gave up meanwhile, the lock is released.
     pub async fn release(mut self) -> Result<()> {
         self.done = true;
         self.stop_renewing();
@@ -389,12 +394,6 @@ impl Guard {
             hold_ms = hold.as_millis() as u64,
         );
         let result = self.release_or_hand_off().instrument(span).await;
-        let result = result.map(|(released, handed_on)| {
-            if handed_on && let Some(hold) = self.line_hold.take() {
-                hold.hand_on();
-            }
-            released
-        });
         match &result {
             Ok(r) => {
                 tracing::debug!(key = %self.lease_ref.key, remaining = r.remaining, hold_ms = hold.as_millis() as u64, "released")
@@ -415,7 +414,14 @@ impl Guard {
 
     /// Releases, handing an exclusive lock straight to this locker's next waiter
     /// for the key when one waits (see `local_queue`).
-    async fn release_or_hand_off(&self) -> Result<(crate::backend::Released, bool)> {
+    ///
+    /// # Cancel safety
+    ///
+    /// A handoff runs to its end in a task of its own: cut midway, it could
+    /// leave the lock handed to a waiter that never hears of it (and that
+    /// gives up before its own attempt would find it: a ghost holder until
+    /// the TTL). A plain release is cut where it stands.
+    async fn release_or_hand_off(&mut self) -> Result<crate::backend::Released> {
         let queues = &self.shared.queues;
         let offer = match self.lease_ref.mode {
             Mode::Exclusive => queues.take_offer(&self.lease_ref.key),
@@ -423,24 +429,30 @@ impl Guard {
         };
         let Some(offer) = offer else {
             queues.released_plainly(&self.lease_ref.key);
-            return Ok((self.shared.backend.release(&self.lease_ref).await?, false));
+            return self.shared.backend.release(&self.lease_ref).await;
         };
-        // If this is cancelled mid-way, the offer opens again (the waiter's own
-        // attempts find a hold handed meanwhile).
-        let pending = OfferInFlight(Some(offer.clone()));
-        let outcome = self
-            .shared
-            .backend
-            .release_to(&self.lease_ref, offer.request())
-            .await;
-        pending.disarm();
-        match outcome {
-            Ok((released, grant)) => Ok((released, offer.complete(grant))),
-            Err(e) => {
-                offer.complete(None);
-                Err(e)
-            }
+        let handoff = hand_off(
+            self.shared.backend.clone(),
+            self.lease_ref.clone(),
+            offer,
+            self.line_hold.take(),
+        );
+        if !runtime_present() {
+            return handoff.await;
         }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        spawn(
+            async move {
+                let _ = tx.send(handoff.await);
+            }
+            .in_current_span(),
+        );
+        rx.await.unwrap_or_else(|_| {
+            Err(Error::backend(
+                self.shared.backend.name(),
+                "the handoff task ended without an answer",
+            ))
+        })
     }
 
     fn stop_renewing(&self) {
@@ -448,6 +460,34 @@ impl Guard {
             self.shared.watchdog.unregister(id);
         }
     }
+}
+
+/// Releases `lease` and hands the lock to the waiter of `offer` in one
+/// backend call; the releaser's local hold is carried on to the waiter if
+/// it got the lock, and ends here otherwise.
+async fn hand_off(
+    backend: Arc<dyn crate::Backend>,
+    lease: LeaseRef,
+    offer: Arc<crate::local_queue::Offer>,
+    line_hold: Option<LineHold>,
+) -> Result<crate::backend::Released> {
+    // Dropped before the end (its runtime shut down), the offer opens again.
+    let pending = OfferInFlight(Some(offer.clone()));
+    let outcome = backend.release_to(&lease, offer.request()).await;
+    pending.disarm();
+    // After an error the lock may have been handed all the same (a lost
+    // reply): the waiter's own attempts find that hold; given up, it stays
+    // until its TTL, as any hold whose release went unanswered.
+    let (result, grant) = match outcome {
+        Ok((released, grant)) => (Ok(released), grant),
+        Err(e) => (Err(e), None),
+    };
+    if offer.complete(grant)
+        && let Some(hold) = line_hold
+    {
+        hold.hand_on();
+    }
+    result
 }
 
 /// An offer taken for a handoff: opened again if the release is dropped

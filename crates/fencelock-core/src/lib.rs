@@ -47,6 +47,9 @@ mod mode;
 mod multi;
 mod queue_rule;
 mod session_holds;
+#[cfg(all(test, shuttle))]
+mod shuttle_tests;
+mod sync;
 mod token;
 mod watchdog;
 

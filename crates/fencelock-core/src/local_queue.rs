@@ -13,7 +13,10 @@
 //! processes from starving, at most [`MAX_HANDOFFS`] handoffs happen in a row;
 //! then the lock is released plainly and every waiter races for it. (With the
 //! Redis scripts, the handoff racing the head's own request is model-checked in
-//! `crates/fencelock-models/src/redis_line.rs`, `docs/SAFETY.md`.)
+//! `crates/fencelock-models/src/redis_line.rs`, `docs/SAFETY.md`; this line
+//! itself, with the head logic of `locker.rs` and the handoff of `guard.rs`,
+//! runs under shuttle's schedulers in `src/shuttle_tests.rs`, `docs/SAFETY.md`
+//! §3: a change here should keep those runs green.)
 //!
 //! While a guard of this locker holds the key (a [`LineHold`]), the head does
 //! not ask the backend at all: the lock is busy, and it will be handed over or
@@ -25,21 +28,20 @@
 //! may hold together and must not wait for each other.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::backend::{Backend, Grant, LeaseRef, Request};
 use crate::key::Key;
+use crate::sync::{AtomicUsize, Mutex, lock, runtime_present, sleep_until, spawn};
+#[cfg(shuttle)]
+use crate::sync::{Mutation, mutated};
 
 /// Handoffs in a row before a release lets every waiter race again.
 pub(crate) const MAX_HANDOFFS: u32 = 16;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 #[derive(Default)]
 pub(crate) struct LocalQueues {
@@ -134,17 +136,19 @@ impl LocalQueues {
             delivered: Notify::new(),
         });
         lock(&line.waiters).push_back(offer.clone());
+        // The line moves into the turn: no other reference of this call may
+        // outlive a cancellation, or the turn's drop could not forget it.
         let mut turn = Turn {
             queues: self,
             key: key.clone(),
-            line: line.clone(),
+            line,
             offer,
             permit: None,
         };
-        let acquire = line.turn.clone().acquire_owned();
+        let acquire = turn.line.turn.clone().acquire_owned();
         let until = async {
             match deadline {
-                Some(d) => tokio::time::sleep_until(d).await,
+                Some(d) => sleep_until(d).await,
                 None => std::future::pending().await,
             }
         };
@@ -183,6 +187,23 @@ impl LocalQueues {
         if let Some(line) = lock(&self.lines).get(key) {
             *lock(&line.handoffs_in_a_row) = 0;
         }
+    }
+
+    /// Every line kept: its key, how many wait in it and how many local
+    /// guards hold through it (for tests: both return to zero and the line
+    /// is forgotten when everyone is gone).
+    #[cfg(all(test, shuttle))]
+    pub(crate) fn census(&self) -> Vec<(Key, usize, usize)> {
+        lock(&self.lines)
+            .iter()
+            .map(|(k, l)| {
+                (
+                    k.clone(),
+                    lock(&l.waiters).len(),
+                    l.holders.load(Ordering::SeqCst),
+                )
+            })
+            .collect()
     }
 
     /// Forgets `line` if nobody waits or holds (only the map and `refs` other
@@ -241,12 +262,16 @@ impl Drop for Turn<'_> {
         lock(&self.line.waiters).retain(|o| !Arc::ptr_eq(o, &self.offer));
         // Not finished normally (cancelled): give back what was handed meanwhile.
         // Its releaser carried the local hold on to this waiter; it ends here.
-        if self.offer.abandon_on_drop() {
+        #[cfg(shuttle)]
+        let keep_count = mutated(Mutation::DroppedWaiterKeepsCount);
+        #[cfg(not(shuttle))]
+        let keep_count = false;
+        if self.offer.abandon_on_drop() && !keep_count {
             self.line.holders.fetch_sub(1, Ordering::SeqCst);
             self.line.holder_gone.notify_waiters();
         }
         self.permit.take();
-        // The map, this turn and its local `line` clone in `join` are gone by now.
+        // Forgotten unless others wait or hold (the map and this turn refer to it).
         self.queues.forget_if_idle(&self.key, &self.line, 1);
     }
 }
@@ -347,6 +372,14 @@ impl Offer {
     pub(crate) fn done(&self) -> bool {
         let mut stage = lock(&self.stage);
         match std::mem::replace(&mut *stage, Stage::Done) {
+            #[cfg(shuttle)]
+            Stage::Delivered(_) if mutated(Mutation::CountHandoffTwice) => false,
+            #[cfg(shuttle)]
+            Stage::Delivered(g) if mutated(Mutation::GiveBackOwnHold) => {
+                drop(stage);
+                self.give_back(g);
+                true
+            }
             Stage::Delivered(_) => true,
             Stage::Abandoned => {
                 *stage = Stage::Abandoned;
@@ -378,6 +411,8 @@ impl Offer {
     /// given back. Returns whether there was one.
     fn abandon_on_drop(&self) -> bool {
         match self.abandon() {
+            #[cfg(shuttle)]
+            Some(_) if mutated(Mutation::DroppedWaiterKeepsGrant) => true,
             Some(g) => {
                 self.give_back(g);
                 true
@@ -390,15 +425,15 @@ impl Offer {
     fn give_back(&self, grant: Grant) {
         let lease = LeaseRef::new(&self.req, &grant);
         let backend = self.backend.clone();
-        if let Ok(h) = tokio::runtime::Handle::try_current() {
-            h.spawn(async move {
+        if runtime_present() {
+            spawn(async move {
                 let _ = backend.release(&lease).await;
             });
         }
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(shuttle)))]
 mod tests {
     use super::*;
     use crate::key::Owner;
@@ -488,7 +523,7 @@ mod tests {
         armed: std::sync::atomic::AtomicBool,
         arrived: Notify,
         go: Notify,
-        /// `release_to` never answers while set.
+        /// While set, `release_to` waits for `go` before it reaches the backend.
         stall_handoffs: std::sync::atomic::AtomicBool,
     }
 
@@ -520,7 +555,7 @@ mod tests {
             next: &Request,
         ) -> crate::Result<(crate::Released, Option<Grant>)> {
             if self.stall_handoffs.load(Ordering::SeqCst) {
-                std::future::pending::<()>().await;
+                self.go.notified().await;
             }
             self.inner.release_to(l, next).await
         }
@@ -577,7 +612,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_release_dropped_during_its_handoff_opens_the_offer_again() {
+    async fn a_release_dropped_during_its_handoff_still_hands_the_lock_over() {
         let gated = Arc::new(Gated {
             inner: MemoryBackend::new(),
             armed: false.into(),
@@ -589,15 +624,18 @@ mod tests {
         let first = locker.lock("k").acquire().await.unwrap();
         let mut waiter = Box::pin(locker.lock("k").acquire());
         assert!(futures::poll!(&mut waiter).is_pending());
-        // The release takes the waiter's offer and stalls in the backend; its
-        // caller gives up.
+        // The release takes the waiter's offer and stalls on its way to the
+        // backend; its caller gives up. The handoff goes on in the background.
         let mut releasing = Box::pin(first.release());
         assert!(futures::poll!(&mut releasing).is_pending());
         drop(releasing);
-        let key = Key::new("k").unwrap();
-        assert!(
-            locker.shared.queues.take_offer(&key).is_some(),
-            "the waiter's offer stayed in flight: no later release can hand it the lock"
-        );
+        gated.go.notify_one();
+        let handed = tokio::time::timeout(Duration::from_secs(30), waiter)
+            .await
+            .expect("the waiter was handed the lock")
+            .unwrap();
+        handed.release().await.unwrap();
+        assert!(idle(&locker), "the line still counts a local holder");
+        assert!(locker.lock("k").try_acquire().await.unwrap().is_some());
     }
 }

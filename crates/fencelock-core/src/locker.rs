@@ -1,8 +1,8 @@
 //! [`Locker`], the entry point, and [`LockBuilder`], the one way to ask for a lock.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
@@ -17,6 +17,7 @@ use crate::key::{Key, Owner};
 use crate::local_queue::LocalQueues;
 use crate::mode::Mode;
 use crate::multi::MultiLockBuilder;
+use crate::sync::{AtomicU64, Mutex, lock, runtime_present, sleep_until, spawn, timeout_at};
 use crate::watchdog::{self, DropRelease, Registration, Watchdog};
 
 /// The TTL of a hold unless the builder says otherwise (Redisson's 30 s).
@@ -42,14 +43,14 @@ pub(crate) struct Shared {
 impl Shared {
     /// Starts the watchdog task on the current runtime if it is not running yet.
     pub(crate) fn ensure_worker(&self) {
-        let mut slot = self.worker.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = lock(&self.worker);
         if slot.is_none() {
             return;
         }
-        if let Ok(handle) = tokio::runtime::Handle::try_current()
+        if runtime_present()
             && let Some(rx) = slot.take()
         {
-            handle.spawn(watchdog::run(
+            spawn(watchdog::run(
                 self.backend.clone(),
                 self.watchdog.clone(),
                 rx,
@@ -647,8 +648,7 @@ async fn freshen(
     // up, the hold is released in the background and the grant counts as
     // lost.
     let limit = wait_deadline.map_or(now + grant.ttl, |d| d.min(now + grant.ttl));
-    let Ok(renewed) = tokio::time::timeout_at(limit, locker.shared.backend.renew(&lease)).await
-    else {
+    let Some(renewed) = timeout_at(limit, locker.shared.backend.renew(&lease)).await else {
         tracing::debug!(key = %req.key, "a late grant's renewal did not answer in time");
         return Ok(None);
     };
@@ -724,7 +724,7 @@ async fn wait_as_head(
             biased;
             g = turn.offer().delivered() => return Ok(Some((g, true))),
             _ = &mut gone => {}
-            _ = tokio::time::sleep_until(recheck) => {
+            _ = sleep_until(recheck) => {
                 if let Some(g) = backend.try_acquire(req).await? {
                     return Ok(Some((g, false)));
                 }

@@ -1,7 +1,7 @@
 //! The in-memory backend: one process, every mode, tokens, notification waiting.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
 use tokio::sync::Notify;
@@ -14,6 +14,7 @@ use crate::capabilities::Capabilities;
 use crate::error::{Error, Result};
 use crate::key::{Key, Owner};
 use crate::mode::Mode;
+use crate::sync::{Mutex, MutexGuard, lock, sleep_until};
 use crate::token::FencingToken;
 
 /// Locks in this process's memory (`memory://`): for tests, for single-process
@@ -84,7 +85,8 @@ impl MemoryBackend {
     /// The process-wide instance called `name` (`memory://name` in URLs; `""` is
     /// the default instance), created on first use.
     pub fn named(name: &str) -> MemoryBackend {
-        static REGISTRY: OnceLock<Mutex<HashMap<String, MemoryBackend>>> = OnceLock::new();
+        static REGISTRY: OnceLock<std::sync::Mutex<HashMap<String, MemoryBackend>>> =
+            OnceLock::new();
         let registry = REGISTRY.get_or_init(Default::default);
         let mut map = registry.lock().unwrap_or_else(|p| p.into_inner());
         map.entry(name.to_string()).or_default().clone()
@@ -101,8 +103,7 @@ impl MemoryBackend {
     }
 
     fn lock_slots(&self) -> MutexGuard<'_, HashMap<Key, Slot>> {
-        // No code panics while holding the lock; recover from poison anyway.
-        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.slots)
     }
 
     fn try_grant(slot: &mut Slot, req: &Request, now: Instant) -> Result<Option<Grant>> {
@@ -263,7 +264,7 @@ impl Backend for MemoryBackend {
                 Some(at) => {
                     tokio::select! {
                         _ = notified => {}
-                        _ = tokio::time::sleep_until(at) => {}
+                        _ = sleep_until(at) => {}
                     }
                 }
                 None => notified.await,

@@ -236,7 +236,10 @@ impl<S: Send + 'static> SessionHolds<S> {
         {
             let mut session = h.session.lock().await;
             let alive = match session.as_mut() {
-                Some(s) => matches!(tokio::time::timeout(h.ttl, ping(s)).await, Ok(Ok(()))),
+                Some(s) => matches!(
+                    crate::sync::timeout_at(Instant::now() + h.ttl, ping(s)).await,
+                    Some(Ok(()))
+                ),
                 None => false,
             };
             if !alive {
@@ -305,10 +308,10 @@ impl<S: Send + 'static> SessionHolds<S> {
                     reason: "its session ended".into(),
                 };
             };
-            let reason = match tokio::time::timeout(lease.ttl, ping(s)).await {
-                Ok(Ok(())) => return Renewal::Held { ttl: lease.ttl },
-                Ok(Err(e)) => format!("its session ended: {e}"),
-                Err(_) => format!("its session did not answer within {:?}", lease.ttl),
+            let reason = match crate::sync::timeout_at(Instant::now() + lease.ttl, ping(s)).await {
+                Some(Ok(())) => return Renewal::Held { ttl: lease.ttl },
+                Some(Err(e)) => format!("its session ended: {e}"),
+                None => format!("its session did not answer within {:?}", lease.ttl),
             };
             *session = None;
             self.forget(&lease.handle);

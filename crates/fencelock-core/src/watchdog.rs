@@ -7,7 +7,7 @@
 //! task is woken only when a new hold is due before its next planned tick.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -19,6 +19,7 @@ use crate::backend::{Backend, LeaseRef, Renewal};
 use crate::guard::{
     LeaseState, LostReason, StateCell, expire_if_due, mark_lost, validity_deadline,
 };
+use crate::sync::{Mutex, MutexGuard, lock, sleep_until, spawn, timeout_at};
 
 /// The task wakes at least this often, even with nothing to renew.
 const IDLE_TICK: Duration = Duration::from_secs(1);
@@ -67,7 +68,7 @@ pub(crate) struct Watchdog {
 
 impl Watchdog {
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.state)
     }
 
     /// Starts renewing a hold.
@@ -125,7 +126,7 @@ pub(crate) async fn run(
                 None => break,
                 Some(DropRelease(lease)) => {
                     let backend = backend.clone();
-                    tokio::spawn(async move {
+                    spawn(async move {
                         match backend.release(&lease).await {
                             Ok(_) => tracing::debug!(key = %lease.key, "dropped guard released"),
                             Err(e) => tracing::debug!(key = %lease.key, error = %e, "best-effort release of a dropped guard failed; the hold expires after its TTL"),
@@ -144,7 +145,7 @@ pub(crate) async fn run(
                     tick(&backend, &watchdog).await;
                 }
             }
-            _ = tokio::time::sleep_until(next) => tick(&backend, &watchdog).await,
+            _ = sleep_until(next) => tick(&backend, &watchdog).await,
         }
     }
     tracing::trace!(backend = backend.name(), "watchdog stopped");
@@ -234,17 +235,16 @@ async fn renew_batch(backend: &Arc<dyn Backend>, watchdog: &Watchdog, batch: Bat
         backend = backend.name(),
         leases = leases.len()
     );
-    let outcome =
-        match tokio::time::timeout_at(limit, backend.renew(&leases).instrument(span)).await {
-            Ok(Ok(r)) if r.len() == leases.len() => Ok(r),
-            Ok(Ok(r)) => Err(format!(
-                "the backend answered {} renewals for {} leases",
-                r.len(),
-                leases.len()
-            )),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err("renewal timed out".to_string()),
-        };
+    let outcome = match timeout_at(limit, backend.renew(&leases).instrument(span)).await {
+        Some(Ok(r)) if r.len() == leases.len() => Ok(r),
+        Some(Ok(r)) => Err(format!(
+            "the backend answered {} renewals for {} leases",
+            r.len(),
+            leases.len()
+        )),
+        Some(Err(e)) => Err(e.to_string()),
+        None => Err("renewal timed out".to_string()),
+    };
     let mut s = watchdog.lock();
     let retry_at = Instant::now();
     let failed = |e: &mut Registration, why: String| {
