@@ -3,22 +3,60 @@
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-/// A free TCP port on 127.0.0.1 (bound, then released, so a race is possible
-/// but rare; the server start fails loudly if it happens).
+/// A free TCP port on 127.0.0.1 for a server to listen on: never one this
+/// process handed out before, and below the kernel's ephemeral range.
+///
+/// A port the kernel picks for `bind(0)` comes from the ephemeral range,
+/// where every outgoing connection also takes its local port: between this
+/// call and the server's own bind, a client connecting anywhere (a peer of an
+/// ensemble retrying, a proxy) could take it, and the server could not bind
+/// (a ZooKeeper member that cannot bind its election port never joins). So
+/// the port is drawn from 10000 up to the range's start, checked free by a
+/// bind, and remembered; another process may still take it, which the
+/// server's start then reports.
 ///
 /// # Panics
 ///
 /// If no port can be bound on loopback at all.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("cannot bind a loopback port: {e}"))
+    static HANDED_OUT: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    let mut handed = HANDED_OUT.lock().unwrap_or_else(|p| p.into_inner());
+    let top = ephemeral_start().saturating_sub(1);
+    if top > 12_000 {
+        for _ in 0..10_000 {
+            let port = fastrand::u16(10_000..=top);
+            if !handed.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                handed.push(port);
+                return port;
+            }
+        }
+    }
+    // No room below the ephemeral range: take the kernel's pick.
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap_or_else(|e| panic!("cannot bind a loopback port: {e}"));
+        if !handed.contains(&port) {
+            handed.push(port);
+            return port;
+        }
+    }
+}
+
+/// The first port of the kernel's ephemeral range (Linux's default if it
+/// cannot be read).
+fn ephemeral_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
 }
 
 /// Waits until something accepts TCP connections on `addr`.

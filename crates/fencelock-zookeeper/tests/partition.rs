@@ -78,9 +78,13 @@ impl Ensemble {
             let mut cmd = Command::new("java");
             cmd.args([
                 "-cp",
-                "/etc/zookeeper/conf_example:/usr/share/java/zookeeper.jar",
+                // With a log4j binding (libzookeeper-java's dependencies):
+                // the members' logs say why, should an ensemble not form.
+                "/etc/zookeeper/conf_example:/usr/share/java/zookeeper.jar:\
+                 /usr/share/java/slf4j-log4j12.jar:/usr/share/java/log4j-1.2.jar",
             ])
             .arg(format!("-Dzookeeper.log.dir={}", d.display()))
+            .arg("-Dzookeeper.root.logger=INFO,ROLLINGFILE")
             .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
             .arg(d.join("zoo.cfg"))
             .stdout(Stdio::null())
@@ -109,10 +113,17 @@ impl Ensemble {
             if leaders == 1 && followers == 2 {
                 break;
             }
-            assert!(
-                start.elapsed() < Duration::from_secs(90),
-                "no ensemble formed: {modes:?}"
-            );
+            if start.elapsed() > Duration::from_secs(90) {
+                // Say why: the end of each member's log.
+                for i in 0..3 {
+                    let log = e._dir.path().join(format!("zk{i}/zookeeper.log"));
+                    let text = std::fs::read_to_string(&log).unwrap_or_default();
+                    let tail: Vec<&str> = text.lines().rev().take(15).collect();
+                    eprintln!("--- server {} ({:?}):", i + 1, modes[i]);
+                    tail.iter().rev().for_each(|l| eprintln!("{l}"));
+                }
+                panic!("no ensemble formed: {modes:?}");
+            }
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
         e
