@@ -115,11 +115,11 @@ impl Ensemble {
             }
             if start.elapsed() > Duration::from_secs(90) {
                 // Say why: the end of each member's log.
-                for i in 0..3 {
+                for (i, mode) in modes.iter().enumerate() {
                     let log = e._dir.path().join(format!("zk{i}/zookeeper.log"));
                     let text = std::fs::read_to_string(&log).unwrap_or_default();
                     let tail: Vec<&str> = text.lines().rev().take(15).collect();
-                    eprintln!("--- server {} ({:?}):", i + 1, modes[i]);
+                    eprintln!("--- server {} ({mode:?}):", i + 1);
                     tail.iter().rev().for_each(|l| eprintln!("{l}"));
                 }
                 panic!("no ensemble formed: {modes:?}");
