@@ -14,7 +14,7 @@ use crate::key::{Key, Owner};
 use crate::local_queue::LineHold;
 use crate::locker::Shared;
 use crate::mode::Mode;
-use crate::sync::{runtime_present, spawn};
+use crate::sync::{FinishOnDrop, timeout};
 use crate::token::FencingToken;
 use crate::watchdog::DropRelease;
 
@@ -379,9 +379,10 @@ impl Guard {
     /// If cancelled, a plain release may or may not have reached the backend;
     /// the watchdog no longer renews the hold either way, so it expires after
     /// its TTL. A release that hands the lock to a waiter of this locker (an
-    /// exclusive hold with the default owner, see [`Locker`](crate::Locker))
-    /// runs to its end in the background: the waiter gets the lock, or, if it
-    /// gave up meanwhile, the lock is released.
+    /// exclusive hold with the default owner that waited in the locker's line,
+    /// see [`Locker`](crate::Locker)) is finished by a task of the runtime:
+    /// the waiter gets the lock, or, if it gave up meanwhile, the lock is
+    /// released. (With no tokio runtime around, it is cut like a plain one.)
     pub async fn release(mut self) -> Result<()> {
         self.done = true;
         self.stop_renewing();
@@ -415,44 +416,39 @@ impl Guard {
     /// Releases, handing an exclusive lock straight to this locker's next waiter
     /// for the key when one waits (see `local_queue`).
     ///
+    /// Only a guard that holds through the line hands off: the waiter carries
+    /// its local hold on. A guard without one (from `try_acquire`, or with an
+    /// owner of its own) releases plainly, and the head learns of it at the
+    /// backend.
+    ///
     /// # Cancel safety
     ///
-    /// A handoff runs to its end in a task of its own: cut midway, it could
-    /// leave the lock handed to a waiter that never hears of it (and that
-    /// gives up before its own attempt would find it: a ghost holder until
-    /// the TTL). A plain release is cut where it stands.
+    /// A handoff, dropped before its end, finishes in a task of the runtime:
+    /// cut midway, it could leave the lock handed to a waiter that never
+    /// hears of it (a ghost holder until the TTL, should that waiter give up
+    /// before its own attempt finds the hold). Without a runtime to finish
+    /// it, and for a plain release, the release is cut where it stands.
     async fn release_or_hand_off(&mut self) -> Result<crate::backend::Released> {
         let queues = &self.shared.queues;
-        let offer = match self.lease_ref.mode {
-            Mode::Exclusive => queues.take_offer(&self.lease_ref.key),
+        let offer = match (&self.line_hold, self.lease_ref.mode) {
+            (Some(_), Mode::Exclusive) => queues.take_offer(&self.lease_ref.key),
             _ => None,
         };
-        let Some(offer) = offer else {
+        let (Some(offer), Some(line_hold)) = (offer, self.line_hold.take()) else {
             queues.released_plainly(&self.lease_ref.key);
             return self.shared.backend.release(&self.lease_ref).await;
         };
-        let handoff = hand_off(
+        // Armed before anything can drop it: the offer opens again unless the
+        // handoff got an answer.
+        let pending = OfferInFlight(Some(offer.clone()));
+        FinishOnDrop::new(hand_off(
             self.shared.backend.clone(),
             self.lease_ref.clone(),
             offer,
-            self.line_hold.take(),
-        );
-        if !runtime_present() {
-            return handoff.await;
-        }
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        spawn(
-            async move {
-                let _ = tx.send(handoff.await);
-            }
-            .in_current_span(),
-        );
-        rx.await.unwrap_or_else(|_| {
-            Err(Error::backend(
-                self.shared.backend.name(),
-                "the handoff task ended without an answer",
-            ))
-        })
+            line_hold,
+            pending,
+        ))
+        .await
     }
 
     fn stop_renewing(&self) {
@@ -464,16 +460,29 @@ impl Guard {
 
 /// Releases `lease` and hands the lock to the waiter of `offer` in one
 /// backend call; the releaser's local hold is carried on to the waiter if
-/// it got the lock, and ends here otherwise.
+/// it got the lock, and ends here otherwise. (Run under shuttle with the
+/// line: `src/shuttle_tests.rs`, `docs/SAFETY.md` §3.)
 async fn hand_off(
     backend: Arc<dyn crate::Backend>,
     lease: LeaseRef,
     offer: Arc<crate::local_queue::Offer>,
-    line_hold: Option<LineHold>,
+    line_hold: LineHold,
+    pending: OfferInFlight,
 ) -> Result<crate::backend::Released> {
-    // Dropped before the end (its runtime shut down), the offer opens again.
-    let pending = OfferInFlight(Some(offer.clone()));
-    let outcome = backend.release_to(&lease, offer.request()).await;
+    // A call that never answers would keep the offer in flight and the
+    // local hold counted: it gets the lease's TTL, after which the hold it
+    // was to release has expired anyway.
+    let outcome = timeout(lease.ttl, backend.release_to(&lease, offer.request()))
+        .await
+        .unwrap_or_else(|| {
+            Err(Error::backend(
+                backend.name(),
+                format!(
+                    "the release did not answer within the TTL ({:?})",
+                    lease.ttl
+                ),
+            ))
+        });
     pending.disarm();
     // After an error the lock may have been handed all the same (a lost
     // reply): the waiter's own attempts find that hold; given up, it stays
@@ -482,16 +491,14 @@ async fn hand_off(
         Ok((released, grant)) => (Ok(released), grant),
         Err(e) => (Err(e), None),
     };
-    if offer.complete(grant)
-        && let Some(hold) = line_hold
-    {
-        hold.hand_on();
+    if offer.complete(grant) {
+        line_hold.hand_on();
     }
     result
 }
 
-/// An offer taken for a handoff: opened again if the release is dropped
-/// before it completes the offer.
+/// An offer taken for a handoff: opened again if the handoff is dropped
+/// before it got an answer (no runtime finished it).
 struct OfferInFlight(Option<std::sync::Arc<crate::local_queue::Offer>>);
 
 impl OfferInFlight {

@@ -18,14 +18,18 @@
 //! runs under shuttle's schedulers in `src/shuttle_tests.rs`, `docs/SAFETY.md`
 //! §3: a change here should keep those runs green.)
 //!
-//! While a guard of this locker holds the key (a [`LineHold`]), the head does
-//! not ask the backend at all: the lock is busy, and it will be handed over or
-//! released here, which wakes the head.
+//! While a guard of this locker holds the key through the line (a
+//! [`LineHold`]), the head does not wait at the backend: the lock is busy, and
+//! it will be handed over or released here, which wakes the head. It only
+//! re-checks with one `try_acquire` a second, in case that guard's lease was
+//! lost without the guard being dropped.
 //!
 //! Lines are used for exclusive requests with the default (per-guard) owner
 //! only: an explicit owner may be reentrant, and queueing it behind a waiter
 //! that waits for that same owner would deadlock; shared and semaphore holders
-//! may hold together and must not wait for each other.
+//! may hold together and must not wait for each other. Only a guard that holds
+//! through the line hands off (the waiter carries its local hold on); a guard
+//! from `try_acquire` or with its own owner releases plainly.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -609,6 +613,32 @@ mod tests {
         assert!(idle(&locker), "the line still counts a local holder");
         let g = locker.lock("k").try_acquire().await.unwrap();
         assert!(g.is_some(), "the handed hold was not given back");
+    }
+
+    #[tokio::test]
+    async fn a_guard_outside_the_line_hands_nothing_into_it() {
+        // A guard from try_acquire holds without a local hold: were it to
+        // hand off, the waiter would carry on a hold nobody counted, and
+        // its release would count below zero.
+        let locker = crate::Locker::new(MemoryBackend::new());
+        let first = locker.lock("k").try_acquire().await.unwrap().unwrap();
+        let mut waiter = Box::pin(locker.lock("k").acquire());
+        assert!(futures::poll!(&mut waiter).is_pending());
+        first.release().await.unwrap();
+        let second = tokio::time::timeout(Duration::from_secs(30), waiter)
+            .await
+            .expect("the waiter got the lock")
+            .unwrap();
+        second.release().await.unwrap();
+        assert!(idle(&locker), "the line still counts a local holder");
+        let again = tokio::time::timeout(
+            Duration::from_secs(30),
+            locker.lock("k").wait(Duration::from_secs(30)).acquire(),
+        )
+        .await
+        .expect("a free key is granted at once")
+        .unwrap();
+        again.release().await.unwrap();
     }
 
     #[tokio::test]

@@ -695,7 +695,8 @@ const LOCAL_HOLDER_RECHECK: Duration = Duration::from_secs(1);
 
 /// The head of a line waits for a handoff from a local releaser; while no
 /// local guard holds the key (or always, on a queue-based backend) it also waits
-/// at the backend. Returns the grant and whether it was handed over.
+/// at the backend. Returns the grant and whether it was handed over. (Run
+/// under shuttle with the line: `src/shuttle_tests.rs`, `docs/SAFETY.md` §3.)
 async fn wait_as_head(
     turn: &crate::local_queue::Turn<'_>,
     backend: &dyn Backend,

@@ -236,10 +236,7 @@ impl<S: Send + 'static> SessionHolds<S> {
         {
             let mut session = h.session.lock().await;
             let alive = match session.as_mut() {
-                Some(s) => matches!(
-                    crate::sync::timeout_at(Instant::now() + h.ttl, ping(s)).await,
-                    Some(Ok(()))
-                ),
+                Some(s) => matches!(crate::sync::timeout(h.ttl, ping(s)).await, Some(Ok(()))),
                 None => false,
             };
             if !alive {
@@ -308,7 +305,7 @@ impl<S: Send + 'static> SessionHolds<S> {
                     reason: "its session ended".into(),
                 };
             };
-            let reason = match crate::sync::timeout_at(Instant::now() + lease.ttl, ping(s)).await {
+            let reason = match crate::sync::timeout(lease.ttl, ping(s)).await {
                 Some(Ok(())) => return Renewal::Held { ttl: lease.ttl },
                 Some(Err(e)) => format!("its session ended: {e}"),
                 None => format!("its session did not answer within {:?}", lease.ttl),

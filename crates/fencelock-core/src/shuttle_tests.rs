@@ -93,6 +93,8 @@ impl Backend for Link {
 #[derive(Clone, Copy, Debug)]
 struct Scenario {
     time: Time,
+    /// The first holder took the lock with `try_acquire` (outside the line).
+    first_outside: bool,
     waiters: usize,
     /// Each waiter joins only once the one before it stands in line, and
     /// the grants must come in that order.
@@ -112,6 +114,7 @@ struct Scenario {
 
 const CALM: Scenario = Scenario {
     time: Time::StandsStill,
+    first_outside: false,
     waiters: 3,
     fifo: true,
     wait: None,
@@ -160,7 +163,15 @@ fn run(s: Scenario) {
         // Owners whose own release was cancelled: their hold may stay until
         // its TTL (documented); nobody else's may.
         let cut = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let first = locker.lock("k").acquire().await.expect("a free key");
+        let first = match s.first_outside {
+            true => locker
+                .lock("k")
+                .try_acquire()
+                .await
+                .expect("memory answers"),
+            false => Some(locker.lock("k").acquire().await.expect("a free key")),
+        }
+        .expect("a free key");
         let first_owner = first.owner().to_string();
         cut.lock()
             .expect("no panic holds it")
@@ -301,6 +312,15 @@ fn a_handoff_racing_the_heads_recheck_is_counted_once() {
     // holder releases and hands it the lock; the watchdog ticks.
     check(Scenario {
         time: Time::Flies,
+        ..CALM
+    });
+}
+
+#[test]
+fn a_guard_from_outside_the_line_hands_nothing_into_it() {
+    check(Scenario {
+        time: Time::Flies,
+        first_outside: true,
         ..CALM
     });
 }

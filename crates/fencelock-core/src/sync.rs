@@ -4,12 +4,16 @@
 //! shuttle tests of the in-process line, `src/shuttle_tests.rs`, run by
 //! `scripts/test.sh`), they are [shuttle](https://docs.rs/shuttle)'s, so that its
 //! schedulers can try the interleavings of every lock and await point, and
-//! time is a choice of the test: timers either never fire (a wait that
+//! time is a choice of the test: sleeps either never end (a wait that
 //! relies on one would hang, so a lost wake-up shows as a deadlock) or may
-//! fire at any scheduling point ([`sim::set_time`]). tokio's `Notify`,
+//! end at any scheduling point ([`sim::set_time`]); the time bounds of
+//! backend calls never fire (calls answer in time). tokio's `Notify`,
 //! `Semaphore`, `watch` and `mpsc` work under any executor and stay.
 
 use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -67,11 +71,73 @@ pub(crate) async fn sleep_until(deadline: Instant) {
 /// # Cancel safety
 ///
 /// As cancel safe as `task`.
+#[cfg(not(shuttle))]
 pub(crate) async fn timeout_at<F: Future>(deadline: Instant, task: F) -> Option<F::Output> {
-    tokio::select! {
-        biased;
-        out = task => Some(out),
-        () = sleep_until(deadline) => None,
+    tokio::time::timeout_at(deadline, task).await.ok()
+}
+
+/// Runs `task` for at most `limit`: `None` if it did not end in time.
+///
+/// # Cancel safety
+///
+/// As cancel safe as `task`.
+#[cfg(not(shuttle))]
+pub(crate) async fn timeout<F: Future>(limit: Duration, task: F) -> Option<F::Output> {
+    tokio::time::timeout(limit, task).await.ok()
+}
+
+// Under shuttle a call always answers in time: backend errors are not what
+// the shuttle runs are about (docs/SAFETY.md §3), and a bound of a TTL that
+// fired early would make a world in which the hold it waited for is still
+// live.
+#[cfg(shuttle)]
+pub(crate) async fn timeout_at<F: Future>(_deadline: Instant, task: F) -> Option<F::Output> {
+    Some(task.await)
+}
+
+#[cfg(shuttle)]
+pub(crate) async fn timeout<F: Future>(_limit: Duration, task: F) -> Option<F::Output> {
+    Some(task.await)
+}
+
+/// Polls a future in place; dropped before it ended, hands the rest of it to
+/// a task of the runtime, so that it still runs to its end (without a
+/// runtime, or while a panic unwinds, the rest is dropped).
+pub(crate) struct FinishOnDrop<T: Send + 'static> {
+    task: Option<Pin<Box<dyn Future<Output = T> + Send>>>,
+}
+
+impl<T: Send + 'static> FinishOnDrop<T> {
+    pub(crate) fn new(task: impl Future<Output = T> + Send + 'static) -> Self {
+        FinishOnDrop {
+            task: Some(Box::pin(task)),
+        }
+    }
+}
+
+impl<T: Send + 'static> Future for FinishOnDrop<T> {
+    type Output = T;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        let Some(task) = self.task.as_mut() else {
+            panic!("FinishOnDrop polled after it ended");
+        };
+        let out = ready!(task.as_mut().poll(cx));
+        self.task = None;
+        Poll::Ready(out)
+    }
+}
+
+impl<T: Send + 'static> Drop for FinishOnDrop<T> {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take()
+            && !std::thread::panicking()
+            && runtime_present()
+        {
+            spawn(async move {
+                let _ = task.await;
+            });
+        }
     }
 }
 
