@@ -259,9 +259,15 @@ async fn an_undone_handoff_never_takes_the_hold_the_waiter_counted_as_its_grant(
             .unwrap(),
     );
     let start = Instant::now();
+    // Taken in the locker's line (a guard from try_acquire would not hand off).
     let first = loop {
-        match locker.lock("k").try_acquire().await {
-            Ok(Some(g)) => break g,
+        match locker
+            .lock("k")
+            .wait(Duration::from_secs(1))
+            .acquire()
+            .await
+        {
+            Ok(g) => break g,
             r => {
                 assert!(start.elapsed() < Duration::from_secs(20), "{r:?}");
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -359,4 +365,56 @@ async fn list_finds_locks_under_a_prefix_with_glob_characters() {
     let listed = l.list(&format!("k{run}")).await.unwrap();
     g.release().await.unwrap();
     assert_eq!(listed.len(), 1, "a held lock is not listed: {listed:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_dropped_during_its_handoff_leaves_no_ghost_holder() {
+    // A guard's release hands the lock to the next waiter of its locker, and
+    // the caller gives up on the release while the script is on its way; then
+    // the waiter gives up too. The script still runs at Redis and hands the
+    // lock to the waiter's owner: unless the handoff is finished (and the
+    // gone waiter's hold given back), that hold blocks the key for its TTL.
+    let port = free_port();
+    let _server = redis_on(port, &[]);
+    let proxy = FaultProxy::start(format!("127.0.0.1:{port}").parse().unwrap())
+        .await
+        .unwrap();
+    let slow = Locker::new(through(&proxy, "").await);
+    let direct = Locker::new(
+        RedisBackend::connect(&format!("redis://127.0.0.1:{port}"))
+            .await
+            .unwrap(),
+    );
+    let first = slow
+        .lock("k")
+        .ttl(Duration::from_secs(60))
+        .acquire()
+        .await
+        .unwrap();
+    let waiter = tokio::spawn({
+        let slow = slow.clone();
+        async move {
+            slow.lock("k")
+                .ttl(Duration::from_secs(60))
+                .wait(Duration::from_secs(60))
+                .acquire()
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.set_latency(Duration::from_secs(1));
+    let cut = tokio::time::timeout(Duration::from_millis(200), first.release()).await;
+    assert!(cut.is_err(), "released through a 1 s link in 0.2 s");
+    waiter.abort();
+    assert!(waiter.await.unwrap_err().is_cancelled());
+    let start = Instant::now();
+    let g = direct
+        .lock("k")
+        .wait(Duration::from_secs(25))
+        .acquire()
+        .await
+        .expect("the key stayed held by a waiter that was gone (its TTL is 60 s)");
+    proxy.set_latency(Duration::ZERO);
+    assert!(start.elapsed() < Duration::from_secs(25));
+    g.release().await.unwrap();
 }
