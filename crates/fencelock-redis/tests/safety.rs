@@ -1,7 +1,8 @@
 //! Safety properties of the Redis backend that need a private server or a
 //! proxy: a dropped acquire leaves no hold, a release that never reached Redis
-//! reports `NotHeld`, a handoff counts only once replicas acknowledged it, and
-//! every key maps to one cluster slot.
+//! reports `NotHeld`, a handoff counts only once replicas acknowledged it, a
+//! release dropped during its handoff leaves no ghost holder, and every key
+//! maps to one cluster slot.
 
 mod support;
 
