@@ -112,6 +112,16 @@ struct Scenario {
     mutation: Option<Mutation>,
 }
 
+/// Waiters that time out, and the first two cancelled (time flies).
+const CANCELLING: Scenario = Scenario {
+    time: Time::Flies,
+    fifo: false,
+    wait: Some(Duration::from_secs(60)),
+    end_by_cancelling: true,
+    cancel_waiters: true,
+    ..CALM
+};
+
 const CALM: Scenario = Scenario {
     time: Time::StandsStill,
     first_outside: false,
@@ -327,14 +337,7 @@ fn a_guard_from_outside_the_line_hands_nothing_into_it() {
 
 #[test]
 fn cancelled_and_timed_out_waiters_leave_nothing_behind() {
-    check(Scenario {
-        time: Time::Flies,
-        fifo: false,
-        wait: Some(Duration::from_secs(60)),
-        end_by_cancelling: true,
-        cancel_waiters: true,
-        ..CALM
-    });
+    check(CANCELLING);
 }
 
 #[test]
@@ -342,14 +345,9 @@ fn a_release_cancelled_during_its_handoff_leaves_nothing_behind() {
     // One waiter, cancelled too: a handoff cut midway left it holding at
     // the backend without knowing, a ghost holder until the TTL.
     check(Scenario {
-        time: Time::Flies,
         waiters: 1,
-        cancel_waiters: true,
-        fifo: false,
-        wait: Some(Duration::from_secs(60)),
-        end_by_cancelling: true,
         cancel_release: true,
-        ..CALM
+        ..CANCELLING
     });
 }
 
@@ -374,25 +372,15 @@ fn mutation_giving_back_ones_own_hold_is_found() {
 #[test]
 fn mutation_a_dropped_waiter_keeping_the_count_is_found() {
     finds_counterexample(Scenario {
-        time: Time::Flies,
-        fifo: false,
-        wait: Some(Duration::from_secs(60)),
-        end_by_cancelling: true,
-        cancel_waiters: true,
         mutation: Some(Mutation::DroppedWaiterKeepsCount),
-        ..CALM
+        ..CANCELLING
     });
 }
 
 #[test]
 fn mutation_a_dropped_waiter_keeping_the_grant_is_found() {
     finds_counterexample(Scenario {
-        time: Time::Flies,
-        fifo: false,
-        wait: Some(Duration::from_secs(60)),
-        end_by_cancelling: true,
-        cancel_waiters: true,
         mutation: Some(Mutation::DroppedWaiterKeepsGrant),
-        ..CALM
+        ..CANCELLING
     });
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use fencelock_core::{Backend, Error, Key, LeaseRef, Locker, Mode, Owner, Request};
 use fencelock_redis::RedisBackend;
-use fencelock_testkit::{FaultProxy, free_port};
+use fencelock_testkit::{FaultProxy, ServerProcess, free_port};
 use support::redis_on;
 
 const SINGLE: &str = "redis://127.0.0.1:6379";
@@ -28,15 +28,16 @@ async fn through(proxy: &FaultProxy, query: &str) -> RedisBackend {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_acquire_dropped_while_its_grant_is_in_flight_leaves_no_hold() {
+/// A private Redis, a proxy in front of it, a locker through the proxy
+/// (Redis knows its scripts: else a first call would only learn NOSCRIPT)
+/// and one straight to it.
+async fn slow_and_direct() -> (ServerProcess, FaultProxy, Locker, Locker) {
     let port = free_port();
-    let _server = redis_on(port, &[]);
+    let server = redis_on(port, &[]);
     let proxy = FaultProxy::start(format!("127.0.0.1:{port}").parse().unwrap())
         .await
         .unwrap();
     let slow = Locker::new(through(&proxy, "").await);
-    // Redis knows the scripts (else the first call would only learn NOSCRIPT).
     slow.lock("warm-up")
         .acquire()
         .await
@@ -49,6 +50,12 @@ async fn an_acquire_dropped_while_its_grant_is_in_flight_leaves_no_hold() {
             .await
             .unwrap(),
     );
+    (server, proxy, slow, direct)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_dropped_while_its_grant_is_in_flight_leaves_no_hold() {
+    let (_server, proxy, slow, direct) = slow_and_direct().await;
     // The request reaches Redis a second after it is sent; its caller gives
     // up after half a second. Redis then grants it to nobody who listens.
     proxy.set_latency(Duration::from_secs(1));
@@ -375,17 +382,7 @@ async fn a_release_dropped_during_its_handoff_leaves_no_ghost_holder() {
     // the waiter gives up too. The script still runs at Redis and hands the
     // lock to the waiter's owner: unless the handoff is finished (and the
     // gone waiter's hold given back), that hold blocks the key for its TTL.
-    let port = free_port();
-    let _server = redis_on(port, &[]);
-    let proxy = FaultProxy::start(format!("127.0.0.1:{port}").parse().unwrap())
-        .await
-        .unwrap();
-    let slow = Locker::new(through(&proxy, "").await);
-    let direct = Locker::new(
-        RedisBackend::connect(&format!("redis://127.0.0.1:{port}"))
-            .await
-            .unwrap(),
-    );
+    let (_server, proxy, slow, direct) = slow_and_direct().await;
     let first = slow
         .lock("k")
         .ttl(Duration::from_secs(60))
