@@ -83,6 +83,9 @@ pub enum Error {
         addr: String,
         /// What the client library said.
         message: String,
+        /// The client library's error, if there was one (see [`Error::with_source`]).
+        #[source]
+        source: Option<Cause>,
     },
     /// The backend answered with an error.
     #[error("{backend} error: {message}")]
@@ -91,8 +94,42 @@ pub enum Error {
         backend: &'static str,
         /// What the backend said.
         message: String,
+        /// The client library's error, if there was one (see [`Error::with_source`]).
+        #[source]
+        source: Option<Cause>,
     },
 }
+
+/// The error of a client library behind an [`Error::Connection`] or
+/// [`Error::Backend`], kept as its [`source`](std::error::Error::source) so
+/// that error chains (`anyhow`, `eyre`) show it.
+///
+/// It prints the library's message with passwords redacted (as every message
+/// of fencelock), and ends the chain there; [`Cause::get_ref`] gives the
+/// library's error itself, to downcast.
+#[derive(Clone)]
+pub struct Cause(std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>);
+
+impl Cause {
+    /// The client library's error.
+    pub fn get_ref(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.0
+    }
+}
+
+impl std::fmt::Display for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&redact_in_text(&self.0.to_string()))
+    }
+}
+
+impl std::fmt::Debug for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Cause").field(&self.to_string()).finish()
+    }
+}
+
+impl std::error::Error for Cause {}
 
 /// What to check when `backend` cannot be reached.
 fn connection_hint(backend: &str) -> &'static str {
@@ -134,7 +171,32 @@ impl Error {
         Error::Backend {
             backend,
             message: message.to_string(),
+            source: None,
         }
+    }
+
+    /// Keeps `cause` (the client library's error) as the
+    /// [`source`](std::error::Error::source) of an [`Error::Connection`] or
+    /// [`Error::Backend`]; other kinds of error are returned unchanged.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::error::Error as _;
+    /// use fencelock_core::Error;
+    ///
+    /// let io = std::io::Error::other("connection reset");
+    /// let err = Error::connection("redis", "redis://h:6379", &io).with_source(io);
+    /// let Error::Connection { source: Some(cause), .. } = &err else { unreachable!() };
+    /// assert!(cause.get_ref().downcast_ref::<std::io::Error>().is_some());
+    /// assert_eq!(err.source().map(|c| c.to_string()).as_deref(), Some("connection reset"));
+    /// ```
+    #[must_use]
+    pub fn with_source(mut self, cause: impl std::error::Error + Send + Sync + 'static) -> Self {
+        if let Error::Connection { source, .. } | Error::Backend { source, .. } = &mut self {
+            *source = Some(Cause(std::sync::Arc::new(cause)));
+        }
+        self
     }
 
     /// Builds [`Error::Connection`]; `addr` is redacted here, so callers may pass a raw URL.
@@ -143,6 +205,7 @@ impl Error {
             backend,
             addr: redact_url(addr),
             message: redact_in_text(&message.to_string()),
+            source: None,
         }
     }
 
@@ -255,6 +318,30 @@ pub(crate) fn redact_in_text(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kept_cause_is_the_source_and_prints_without_passwords() {
+        use std::error::Error as _;
+        let io = std::io::Error::other("refused by redis://app:s3cret@10.0.0.5:6379");
+        let err = Error::backend("redis", "refused").with_source(io);
+        let cause = err.source().expect("the cause is kept");
+        assert!(!cause.to_string().contains("s3cret"), "{cause}");
+        assert!(!format!("{err:?}").contains("s3cret"), "{err:?}");
+        let Error::Backend {
+            source: Some(kept), ..
+        } = &err
+        else {
+            panic!("{err:?}")
+        };
+        assert!(kept.get_ref().downcast_ref::<std::io::Error>().is_some());
+        // Only connection and backend errors carry one.
+        assert!(
+            Error::config("x")
+                .with_source(std::io::Error::other("y"))
+                .source()
+                .is_none()
+        );
+    }
 
     #[test]
     fn redacts_userinfo_with_at_in_password() {

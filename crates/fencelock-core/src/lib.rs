@@ -60,7 +60,7 @@ pub use backend::{
 };
 pub use backoff::Backoff;
 pub use capabilities::Capabilities;
-pub use error::{Error, Result, redact_url};
+pub use error::{Cause, Error, Result, redact_url};
 pub use guard::{Guard, Lease, LostReason, drift_allowance};
 pub use history::{HistorySummary, Hold, Violation, check_history};
 pub use key::{Key, MAX_KEY_BYTES, Owner};

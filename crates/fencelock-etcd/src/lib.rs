@@ -185,7 +185,7 @@ fn transient(e: &etcd_client::Error) -> bool {
 }
 
 fn etcd_err(e: etcd_client::Error, addr: &str) -> Error {
-    match &e {
+    let err = match &e {
         // PERMISSION_DENIED, UNAUTHENTICATED, and etcd's own wordings.
         etcd_client::Error::GRpcStatus(s)
             if [7, 16].contains(&(s.code() as i32))
@@ -202,9 +202,10 @@ fn etcd_err(e: etcd_client::Error, addr: &str) -> Error {
         etcd_client::Error::GRpcStatus(s) if transient(&e) => {
             Error::connection(NAME, addr, s.message())
         }
-        _ if transient(&e) => Error::connection(NAME, addr, e),
-        _ => Error::backend(NAME, e),
-    }
+        _ if transient(&e) => Error::connection(NAME, addr, &e),
+        _ => Error::backend(NAME, &e),
+    };
+    err.with_source(e)
 }
 
 /// Deletes a queue key if the acquire that created it is dropped mid-way.

@@ -141,13 +141,14 @@ impl MemcachedBackend {
     }
 
     fn err(&self, e: async_memcached::Error) -> Error {
-        match e {
+        let err = match &e {
             async_memcached::Error::Protocol(s) => Error::backend(NAME, format!("{s:?}")),
             async_memcached::Error::ParseError(k) => {
                 Error::backend(NAME, format!("unreadable reply: {k:?}"))
             }
             other => Error::connection(NAME, &self.inner.addr, format!("{other:?}")),
-        }
+        };
+        err.with_source(e)
     }
 
     async fn client(&self) -> Result<Client> {

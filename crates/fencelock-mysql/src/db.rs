@@ -57,7 +57,7 @@ fn code_of(db: &dyn sqlx::error::DatabaseError) -> String {
 }
 
 pub(crate) fn map_err(addr: &str, e: sqlx::Error) -> Error {
-    match &e {
+    let err = match &e {
         sqlx::Error::Database(db) => {
             let code = code_of(db.as_ref());
             if is_connection_code(&code) {
@@ -74,7 +74,8 @@ pub(crate) fn map_err(addr: &str, e: sqlx::Error) -> Error {
         | sqlx::Error::WorkerCrashed => Error::connection(NAME, addr, &e),
         sqlx::Error::Configuration(_) => Error::config(format!("mysql: {e}")),
         _ => Error::backend(NAME, &e),
-    }
+    };
+    err.with_source(e)
 }
 
 /// True for an error [`map_err`] made of a deadlock (1213) or a lock wait

@@ -33,7 +33,7 @@ fn is_connection_state(code: &str) -> bool {
 }
 
 pub(crate) fn map_err(addr: &str, e: sqlx::Error) -> Error {
-    match &e {
+    let err = match &e {
         sqlx::Error::Database(db) => {
             let code = db.code().unwrap_or_default();
             if is_connection_state(&code) {
@@ -52,7 +52,8 @@ pub(crate) fn map_err(addr: &str, e: sqlx::Error) -> Error {
         | sqlx::Error::WorkerCrashed => Error::connection(NAME, addr, &e),
         sqlx::Error::Configuration(_) => Error::config(format!("postgres: {e}")),
         _ => Error::backend(NAME, &e),
-    }
+    };
+    err.with_source(e)
 }
 
 /// True if the error says the session is gone (so nothing it held survives).

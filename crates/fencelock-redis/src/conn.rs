@@ -30,7 +30,7 @@ pub(crate) enum Conn {
 pub(crate) fn map_err(e: RedisError, addr: &str) -> Error {
     let auth = e.kind() == redis::ErrorKind::AuthenticationFailed
         || matches!(e.code(), Some("WRONGPASS" | "NOAUTH"));
-    if auth {
+    let err = if auth {
         Error::connection(
             NAME,
             addr,
@@ -41,10 +41,11 @@ pub(crate) fn map_err(e: RedisError, addr: &str) -> Error {
         || e.is_connection_dropped()
         || e.is_timeout()
     {
-        Error::connection(NAME, addr, e)
+        Error::connection(NAME, addr, &e)
     } else {
-        Error::backend(NAME, e)
-    }
+        Error::backend(NAME, &e)
+    };
+    err.with_source(e)
 }
 
 /// Makes sure TLS can be used: with the `tls` feature, installs rustls's ring

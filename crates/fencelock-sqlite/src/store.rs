@@ -37,7 +37,7 @@ CREATE TABLE IF NOT EXISTS fencelock_holders (
 ";
 
 fn db_err(e: rusqlite::Error) -> Error {
-    match e.sqlite_error_code() {
+    let err = match e.sqlite_error_code() {
         Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
             Error::backend(
                 NAME,
@@ -46,8 +46,9 @@ fn db_err(e: rusqlite::Error) -> Error {
                 ),
             )
         }
-        _ => Error::backend(NAME, e),
-    }
+        _ => Error::backend(NAME, &e),
+    };
+    err.with_source(e)
 }
 
 /// The clock expiry times are kept on: the machine's boot-time clock (Linux

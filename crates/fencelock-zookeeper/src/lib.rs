@@ -165,11 +165,11 @@ struct Held {
 }
 
 fn zk_err(e: zk::Error, addr: &str) -> Error {
-    match e {
+    let err = match &e {
         zk::Error::ConnectionLoss
         | zk::Error::NoHosts
         | zk::Error::Timeout
-        | zk::Error::ClientClosed => Error::connection(NAME, addr, e),
+        | zk::Error::ClientClosed => Error::connection(NAME, addr, &e),
         zk::Error::SessionExpired => Error::connection(NAME, addr, "the ZooKeeper session expired"),
         zk::Error::NoAuth | zk::Error::AuthFailed => Error::connection(
             NAME,
@@ -177,7 +177,8 @@ fn zk_err(e: zk::Error, addr: &str) -> Error {
             format!("{e} (check the user and password in the URL)"),
         ),
         other => Error::backend(NAME, other),
-    }
+    };
+    err.with_source(e)
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
