@@ -51,6 +51,7 @@ mod session_holds;
 mod shuttle_tests;
 mod sync;
 mod token;
+mod url;
 mod watchdog;
 
 pub use admission::{Admission, admit};
@@ -71,3 +72,4 @@ pub use multi::{MultiGuard, MultiLockBuilder};
 pub use queue_rule::{QueueRole, QueueWait, queue_blocker};
 pub use session_holds::{LastHold, SessionHolds, SessionWatch, lease_start};
 pub use token::FencingToken;
+pub use url::BackendUrl;

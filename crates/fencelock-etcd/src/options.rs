@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use fencelock_core::{Error, Result, redact_url};
+use fencelock_core::{BackendUrl, Error, Result};
 
 /// Options of [`EtcdBackend`](crate::EtcdBackend), from the URL query.
 ///
@@ -63,37 +63,6 @@ pub(crate) struct EtcdUrl {
     pub(crate) options: EtcdOptions,
 }
 
-fn duration(name: &str, v: &str) -> Result<Duration> {
-    humantime::parse_duration(v).map_err(|e| {
-        Error::config(format!(
-            "etcd option {name}={v:?}: {e}; write e.g. {name}=10s"
-        ))
-    })
-}
-
-/// Decodes `%XX` escapes (a prefix or password may need them).
-fn unescape(v: &str) -> Result<String> {
-    let bytes = v.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = v.get(i + 1..i + 3).unwrap_or("");
-            let b = u8::from_str_radix(hex, 16).map_err(|_| {
-                Error::config(format!(
-                    "etcd URL: bad escape %{hex} in {v:?}; write %XX with two hex digits"
-                ))
-            })?;
-            out.push(b);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| Error::config(format!("etcd URL: {v:?} is not UTF-8")))
-}
-
 /// The TLS settings to fill in for option `k`, if the URL is `etcds://`.
 fn tls_file<'a>(tls: &'a mut Option<Tls>, k: &str) -> Result<&'a mut Tls> {
     tls.as_mut().ok_or_else(|| {
@@ -104,33 +73,14 @@ fn tls_file<'a>(tls: &'a mut Option<Tls>, k: &str) -> Result<&'a mut Tls> {
 }
 
 pub(crate) fn parse_url(url: &str) -> Result<EtcdUrl> {
-    let (rest, secure) = if let Some(r) = url.strip_prefix("etcd://") {
-        (r, false)
-    } else if let Some(r) = url.strip_prefix("etcds://") {
-        (r, true)
-    } else {
-        return Err(Error::config(format!(
-            "{:?} is not an etcd:// or etcds:// URL",
-            redact_url(url)
-        )));
-    };
-    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-    let (auth, hosts) = match rest.rfind('@') {
-        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
-        None => (None, rest),
-    };
-    let user = auth
-        .map(|a| -> Result<(String, String)> {
-            let (u, p) = a.split_once(':').unwrap_or((a, ""));
-            Ok((unescape(u)?, unescape(p)?))
-        })
-        .transpose()?;
+    let mut u = BackendUrl::parse("etcd", url, &["etcd", "etcds"])?;
+    let secure = u.scheme() == "etcds";
+    let user = u
+        .user()
+        .map(|name| (name.to_string(), u.password().unwrap_or("").to_string()));
     let scheme = if secure { "https" } else { "http" };
-    let endpoints: Vec<String> = hosts
-        .trim_end_matches('/')
-        .split(',')
-        .map(str::trim)
-        .filter(|h| !h.is_empty())
+    let endpoints: Vec<String> = u
+        .hosts()
         .map(|h| {
             if h.contains(':') {
                 format!("{scheme}://{h}")
@@ -139,40 +89,56 @@ pub(crate) fn parse_url(url: &str) -> Result<EtcdUrl> {
             }
         })
         .collect();
-    if endpoints.is_empty() || hosts.contains('/') {
+    if endpoints.is_empty() || u.path().len() > 1 {
         return Err(Error::config(format!(
             "{:?}: write etcd://host:2379[,host:2379…][?options]",
-            redact_url(url)
+            u.redacted()
         )));
     }
+    let (options, tls) = take_options(&mut u, secure)?;
+    u.finish()?;
+    Ok(EtcdUrl {
+        endpoints,
+        user,
+        tls,
+        options,
+    })
+}
+
+/// Takes the options of the table above out of `u` (TLS ones only from an
+/// `etcds://` URL).
+fn take_options(u: &mut BackendUrl, secure: bool) -> Result<(EtcdOptions, Option<Tls>)> {
     let mut options = EtcdOptions::default();
+    if let Some(prefix) = u.take("prefix") {
+        options.prefix = prefix;
+    }
+    if let Some(d) = u.take_duration("session_ttl")? {
+        if d < Duration::from_secs(1) {
+            return Err(u.bad_value(
+                "session_ttl",
+                &humantime::format_duration(d).to_string(),
+                "etcd leases count whole seconds; use at least 1s (etcd raises it to its minimum, about 2s)",
+            ));
+        }
+        options.session_ttl = d;
+    }
+    if let Some(d) = u.take_duration("connect_timeout")? {
+        options.connect_timeout = d;
+    }
+    if let Some(d) = u.take_duration("request_timeout")? {
+        options.request_timeout = d;
+    }
+    options.default_ttl = u.take_duration("ttl")?;
     let mut tls = secure.then(Tls::default);
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let v = unescape(v)?;
-        match k {
-            "prefix" => options.prefix = v,
-            "session_ttl" => {
-                let d = duration(k, &v)?;
-                if d < Duration::from_secs(1) {
-                    return Err(Error::config(format!(
-                        "etcd option session_ttl={v:?}: etcd leases count whole seconds; use at least 1s (etcd raises it to its minimum, about 2s)"
-                    )));
-                }
-                options.session_ttl = d;
-            }
-            "connect_timeout" => options.connect_timeout = duration(k, &v)?,
-            "request_timeout" => options.request_timeout = duration(k, &v)?,
-            "ttl" => options.default_ttl = Some(duration(k, &v)?),
-            "ca" => tls_file(&mut tls, k)?.ca = Some(v),
-            "cert" => tls_file(&mut tls, k)?.cert = Some(v),
-            "key" => tls_file(&mut tls, k)?.key = Some(v),
-            "domain" => tls_file(&mut tls, k)?.domain = Some(v),
-            _ => {
-                return Err(Error::config(format!(
-                    "unknown etcd option {k:?}; known: prefix, session_ttl, connect_timeout, request_timeout, ttl, ca, cert, key, domain"
-                )));
-            }
+    for k in ["ca", "cert", "key", "domain"] {
+        if let Some(v) = u.take(k) {
+            let t = tls_file(&mut tls, k)?;
+            *match k {
+                "ca" => &mut t.ca,
+                "cert" => &mut t.cert,
+                "key" => &mut t.key,
+                _ => &mut t.domain,
+            } = Some(v);
         }
     }
     if let Some(t) = &tls
@@ -182,17 +148,19 @@ pub(crate) fn parse_url(url: &str) -> Result<EtcdUrl> {
             "etcd TLS: cert= and key= go together (the client certificate and its private key)",
         ));
     }
-    Ok(EtcdUrl {
-        endpoints,
-        user,
-        tls,
-        options,
-    })
+    Ok((options, tls))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_options_table_lists_every_option_the_parser_takes() {
+        let mut u = BackendUrl::parse("etcd", "etcds://h", &["etcds"]).unwrap();
+        take_options(&mut u, true).unwrap();
+        fencelock_testkit::assert_options_documented(include_str!("options.rs"), u.asked());
+    }
 
     #[test]
     fn parses_hosts_auth_and_options() {
@@ -216,7 +184,7 @@ mod tests {
     fn bad_urls_are_named() {
         for (url, needle) in [
             ("etcd://", "etcd://host:2379"),
-            ("redis://h", "not an etcd"),
+            ("redis://h", "not a URL of the etcd backend"),
             ("etcd://h/path", "etcd://host:2379"),
             ("etcd://h?session_ttl=x", "session_ttl"),
             ("etcd://h?session_ttl=100ms", "whole seconds"),
@@ -224,6 +192,7 @@ mod tests {
             ("etcd://h?ca=/x.pem", "etcds://"),
             ("etcds://h?cert=/c.pem", "go together"),
             ("etcd://h?prefix=%zz", "bad escape"),
+            ("etcd://u:p%zz@h", "bad escape in the password"),
         ] {
             let e = parse_url(url).unwrap_err().to_string();
             assert!(e.contains(needle), "{url}: {e}");

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use fencelock_core::{Error, Result, redact_url};
+use fencelock_core::{BackendUrl, Error, Result};
 
 /// Options of [`MemcachedBackend`](crate::MemcachedBackend), from the URL query.
 ///
@@ -34,15 +34,12 @@ impl Default for MemcachedOptions {
 
 /// Splits a `memcached://host:port[?options]` URL into the address and options.
 pub(crate) fn parse_url(url: &str) -> Result<(String, MemcachedOptions)> {
-    let rest = url
-        .strip_prefix("memcached://")
-        .ok_or_else(|| Error::config(format!("{:?} is not a memcached:// URL", redact_url(url))))?;
-    let (addr, query) = rest.split_once('?').unwrap_or((rest, ""));
-    let addr = addr.trim_end_matches('/');
-    if addr.is_empty() || addr.contains(',') || addr.contains('@') {
+    let mut u = BackendUrl::parse("memcached", url, &["memcached"])?;
+    let addr = u.hosts_text();
+    if addr.is_empty() || addr.contains(',') || u.user().is_some() || u.path().len() > 1 {
         return Err(Error::config(format!(
             "memcached URL {:?}: write memcached://HOST:PORT (one server, no login)",
-            redact_url(url)
+            u.redacted()
         )));
     }
     let addr = if addr.contains(':') {
@@ -50,43 +47,41 @@ pub(crate) fn parse_url(url: &str) -> Result<(String, MemcachedOptions)> {
     } else {
         format!("{addr}:11211")
     };
-    let mut options = MemcachedOptions::default();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        match k {
-            "prefix" => {
-                if !v.bytes().all(|b| b.is_ascii_graphic()) || v.len() > 100 {
-                    return Err(Error::config(format!(
-                        "memcached option prefix={v:?}: use at most 100 printable ASCII characters without spaces"
-                    )));
-                }
-                options.prefix = v.to_string();
-            }
-            "ttl" => {
-                options.default_ttl = Some(humantime::parse_duration(v).map_err(|e| {
-                    Error::config(format!(
-                        "memcached option ttl={v:?}: {e}; write e.g. ttl=30s"
-                    ))
-                })?)
-            }
-            "pool" => {
-                options.pool = v.parse().map_err(|_| {
-                    Error::config(format!("memcached option pool={v:?}: expected a number"))
-                })?
-            }
-            _ => {
-                return Err(Error::config(format!(
-                    "unknown memcached option {k:?}; known: prefix, ttl, pool"
-                )));
-            }
-        }
-    }
+    let options = take_options(&mut u)?;
+    u.finish()?;
     Ok((addr, options))
+}
+
+/// Takes the options of the table above out of `u`.
+fn take_options(u: &mut BackendUrl) -> Result<MemcachedOptions> {
+    let mut options = MemcachedOptions::default();
+    if let Some(v) = u.take("prefix") {
+        if !v.bytes().all(|b| b.is_ascii_graphic()) || v.len() > 100 {
+            return Err(u.bad_value(
+                "prefix",
+                &v,
+                "use at most 100 printable ASCII characters without spaces",
+            ));
+        }
+        options.prefix = v;
+    }
+    options.default_ttl = u.take_duration("ttl")?;
+    if let Some(pool) = u.take_parsed("pool", "a number")? {
+        options.pool = pool;
+    }
+    Ok(options)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_options_table_lists_every_option_the_parser_takes() {
+        let mut u = BackendUrl::parse("memcached", "memcached://h", &["memcached"]).unwrap();
+        take_options(&mut u).unwrap();
+        fencelock_testkit::assert_options_documented(include_str!("options.rs"), u.asked());
+    }
 
     #[test]
     fn parses_address_and_options() {

@@ -1,8 +1,9 @@
 //! Options of the MySQL/MariaDB backend and its URL form.
 
+use std::num::NonZeroU32;
 use std::time::Duration;
 
-use fencelock_core::{Error, Result, redact_url};
+use fencelock_core::{BackendUrl, Result};
 
 /// How locks are kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -49,52 +50,39 @@ impl Default for MyOptions {
 /// Splits our options off a `mysql://` (or `mariadb://`) URL; returns the
 /// driver's `mysql://` URL.
 pub(crate) fn parse_url(url: &str) -> Result<(String, MyOptions)> {
-    let rest = url
-        .strip_prefix("mysql://")
-        .or_else(|| url.strip_prefix("mariadb://"))
-        .ok_or_else(|| Error::config(format!("{:?} is not a mysql:// URL", redact_url(url))))?;
-    let (base, query) = rest.split_once('?').unwrap_or((rest, ""));
-    let mut options = MyOptions::default();
-    let mut passed = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        match k {
-            "mode" => {
-                options.mode = match v {
-                    "lease" => MyMode::Lease,
-                    "get_lock" => MyMode::GetLock,
-                    _ => {
-                        return Err(Error::config(format!(
-                            "mysql option mode={v:?}: expected lease or get_lock"
-                        )));
-                    }
-                }
-            }
-            "ttl" => {
-                options.default_ttl = Some(humantime::parse_duration(v).map_err(|e| {
-                    Error::config(format!("mysql option ttl={v:?}: {e}; write e.g. ttl=30s"))
-                })?)
-            }
-            "pool" => {
-                options.pool = v.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
-                    Error::config(format!(
-                        "mysql option pool={v:?}: expected a positive number"
-                    ))
-                })?
-            }
-            _ => passed.push(pair),
-        }
-    }
-    let mut driver = format!("mysql://{base}");
-    if !passed.is_empty() {
-        driver = format!("{driver}?{}", passed.join("&"));
-    }
+    let mut u = BackendUrl::parse("mysql", url, &["mysql", "mariadb"])?;
+    let options = take_options(&mut u)?;
+    // The rest are the driver's options.
+    let driver = u.with_rest(&format!("mysql://{}", &u.base()[u.scheme().len() + 3..]));
     Ok((driver, options))
+}
+
+/// Takes the options of the table above out of `u` (the rest are the driver's).
+fn take_options(u: &mut BackendUrl) -> Result<MyOptions> {
+    let mut options = MyOptions::default();
+    if let Some(mode) = u.take_choice(
+        "mode",
+        &[("lease", MyMode::Lease), ("get_lock", MyMode::GetLock)],
+    )? {
+        options.mode = mode;
+    }
+    options.default_ttl = u.take_duration("ttl")?;
+    if let Some(pool) = u.take_parsed::<NonZeroU32>("pool", "a positive number")? {
+        options.pool = pool.get();
+    }
+    Ok(options)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_options_table_lists_every_option_the_parser_takes() {
+        let mut u = BackendUrl::parse("mysql", "mysql://h/db", &["mysql"]).unwrap();
+        take_options(&mut u).unwrap();
+        fencelock_testkit::assert_options_documented(include_str!("options.rs"), u.asked());
+    }
 
     #[test]
     fn takes_our_options_and_passes_the_rest() {

@@ -1,8 +1,9 @@
 //! Options of the PostgreSQL backend and its URL form.
 
+use std::num::NonZeroU32;
 use std::time::Duration;
 
-use fencelock_core::{Error, Result, redact_url};
+use fencelock_core::{BackendUrl, Result};
 
 /// How locks are kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -48,61 +49,38 @@ impl Default for PgOptions {
 
 /// Splits our options off a `postgres://` URL; returns the driver's URL.
 pub(crate) fn parse_url(url: &str) -> Result<(String, PgOptions)> {
-    let scheme_ok = url.starts_with("postgres://") || url.starts_with("postgresql://");
-    if !scheme_ok {
-        return Err(Error::config(format!(
-            "{:?} is not a postgres:// URL",
-            redact_url(url)
-        )));
-    }
-    let (base, query) = match url.split_once('?') {
-        Some((b, q)) => (b, q),
-        None => (url, ""),
-    };
+    let mut u = BackendUrl::parse("postgres", url, &["postgres", "postgresql"])?;
+    let options = take_options(&mut u)?;
+    // The rest are the driver's options.
+    Ok((u.with_rest(u.base()), options))
+}
+
+/// Takes the options of the table above out of `u` (the rest are the driver's).
+fn take_options(u: &mut BackendUrl) -> Result<PgOptions> {
     let mut options = PgOptions::default();
-    let mut rest = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        match k {
-            "mode" => {
-                options.mode = match v {
-                    "lease" => PgMode::Lease,
-                    "advisory" => PgMode::Advisory,
-                    _ => {
-                        return Err(Error::config(format!(
-                            "postgres option mode={v:?}: expected lease or advisory"
-                        )));
-                    }
-                }
-            }
-            "ttl" => {
-                options.default_ttl = Some(humantime::parse_duration(v).map_err(|e| {
-                    Error::config(format!(
-                        "postgres option ttl={v:?}: {e}; write e.g. ttl=30s"
-                    ))
-                })?)
-            }
-            "pool" => {
-                options.pool = v.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
-                    Error::config(format!(
-                        "postgres option pool={v:?}: expected a positive number"
-                    ))
-                })?
-            }
-            _ => rest.push(pair),
-        }
+    if let Some(mode) = u.take_choice(
+        "mode",
+        &[("lease", PgMode::Lease), ("advisory", PgMode::Advisory)],
+    )? {
+        options.mode = mode;
     }
-    let driver = if rest.is_empty() {
-        base.to_string()
-    } else {
-        format!("{base}?{}", rest.join("&"))
-    };
-    Ok((driver, options))
+    options.default_ttl = u.take_duration("ttl")?;
+    if let Some(pool) = u.take_parsed::<NonZeroU32>("pool", "a positive number")? {
+        options.pool = pool.get();
+    }
+    Ok(options)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_options_table_lists_every_option_the_parser_takes() {
+        let mut u = BackendUrl::parse("postgres", "postgres://h/db", &["postgres"]).unwrap();
+        take_options(&mut u).unwrap();
+        fencelock_testkit::assert_options_documented(include_str!("options.rs"), u.asked());
+    }
 
     #[test]
     fn takes_our_options_and_passes_the_rest() {

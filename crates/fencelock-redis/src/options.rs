@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use fencelock_core::{Error, Result, redact_url};
+use fencelock_core::{BackendUrl, Error, Result};
 
 /// Options of [`RedisBackend`](crate::RedisBackend), from the URL query or a builder.
 ///
@@ -120,96 +120,84 @@ pub(crate) enum Target {
     Cluster(Vec<String>),
 }
 
-fn duration(name: &str, v: &str) -> Result<Duration> {
-    humantime::parse_duration(v).map_err(|e| {
-        Error::config(format!(
-            "redis option {name}={v:?}: {e}; write e.g. {name}=5s"
-        ))
-    })
-}
-
 /// Splits a fencelock Redis URL into the connection target and our options.
 pub(crate) fn parse_url(url: &str) -> Result<(Target, RedisOptions)> {
-    let (scheme, rest) = url
-        .split_once("://")
-        .ok_or_else(|| Error::config(format!("{:?} is not a redis URL", redact_url(url))))?;
-    let (base, query) = match rest.split_once('?') {
-        Some((b, q)) => (b, q),
-        None => (rest, ""),
-    };
-    let mut options = RedisOptions::default();
-    let mut passthrough = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        match k {
-            "prefix" => options.prefix = v.to_string(),
-            "ttl" => options.default_ttl = Some(duration(k, v)?),
-            "wait_replicas" => {
-                options.wait_replicas = v.parse().map_err(|_| {
-                    Error::config(format!(
-                        "redis option wait_replicas={v:?}: expected a number of replicas"
-                    ))
-                })?
-            }
-            "wait_timeout" => options.wait_timeout = duration(k, v)?,
-            "timeout" => options.response_timeout = duration(k, v)?,
-            "connect_timeout" => options.connect_timeout = duration(k, v)?,
-            "tls_ca" => options.tls_ca = Some(v.into()),
-            // Options of the redis client itself (e.g. protocol) pass through.
-            _ => passthrough.push(pair),
+    let mut u = BackendUrl::parse(
+        "redis",
+        url,
+        &["redis", "rediss", "redis+cluster", "rediss+cluster"],
+    )?;
+    let options = take_options(&mut u)?;
+    let base = u.base();
+    let target = if u.scheme().ends_with("+cluster") {
+        let node_scheme = if u.scheme().starts_with("rediss") {
+            "rediss"
+        } else {
+            "redis"
+        };
+        // The login as written (still percent-encoded), for each node's URL.
+        let authority = base[u.scheme().len() + 3..].split('/').next().unwrap_or("");
+        let auth = authority.rfind('@').map_or("", |at| &authority[..=at]);
+        if u.path().len() > 1 {
+            return Err(Error::config(
+                "a redis cluster URL has no database path (clusters have only db 0)",
+            ));
         }
-    }
-    let target = match scheme.to_ascii_lowercase().as_str() {
-        "redis" | "rediss" => {
-            let mut u = format!("{scheme}://{base}");
-            if !passthrough.is_empty() {
-                u.push('?');
-                u.push_str(&passthrough.join("&"));
-            }
-            Target::Single(u)
-        }
-        "redis+cluster" | "rediss+cluster" => {
-            let node_scheme = if scheme.starts_with("rediss") {
-                "rediss"
-            } else {
-                "redis"
-            };
-            let (auth, hosts) = match base.rfind('@') {
-                Some(at) => (&base[..=at], &base[at + 1..]),
-                None => ("", base),
-            };
-            let hosts = hosts.trim_end_matches('/');
-            if hosts.contains('/') {
-                return Err(Error::config(
-                    "a redis cluster URL has no database path (clusters have only db 0)",
-                ));
-            }
-            let nodes: Vec<String> = hosts
-                .split(',')
-                .filter(|h| !h.is_empty())
-                .map(|h| format!("{node_scheme}://{auth}{h}"))
-                .collect();
-            if nodes.is_empty() {
-                return Err(Error::config(format!(
-                    "{:?} names no cluster node; write redis+cluster://host:port,host:port",
-                    redact_url(url)
-                )));
-            }
-            Target::Cluster(nodes)
-        }
-        other => {
+        let nodes: Vec<String> = u
+            .hosts()
+            .map(|h| format!("{node_scheme}://{auth}{h}"))
+            .collect();
+        if nodes.is_empty() {
             return Err(Error::config(format!(
-                "{other}:// is not a redis scheme; use redis://, rediss:// or redis+cluster://"
+                "{:?} names no cluster node; write redis+cluster://host:port,host:port",
+                u.redacted()
             )));
         }
+        Target::Cluster(nodes)
+    } else {
+        // Options of the redis client itself (e.g. protocol) pass through.
+        Target::Single(u.with_rest(base))
     };
     options.validate(matches!(target, Target::Cluster(_)))?;
     Ok((target, options))
 }
 
+/// Takes the options of the table above out of `u` (the rest are the redis
+/// client's).
+fn take_options(u: &mut BackendUrl) -> Result<RedisOptions> {
+    let mut options = RedisOptions::default();
+    if let Some(prefix) = u.take("prefix") {
+        options.prefix = prefix;
+    }
+    options.default_ttl = u.take_duration("ttl")?;
+    if let Some(n) = u.take_parsed("wait_replicas", "a number of replicas")? {
+        options.wait_replicas = n;
+    }
+    if let Some(d) = u.take_duration("wait_timeout")? {
+        options.wait_timeout = d;
+    }
+    if let Some(d) = u.take_duration("timeout")? {
+        options.response_timeout = d;
+    }
+    if let Some(d) = u.take_duration("connect_timeout")? {
+        options.connect_timeout = d;
+    }
+    if let Some(ca) = u.take("tls_ca") {
+        options.tls_ca = Some(ca.into());
+    }
+    Ok(options)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_options_table_lists_every_option_the_parser_takes() {
+        let mut u = BackendUrl::parse("redis", "redis://h", &["redis"]).unwrap();
+        take_options(&mut u).unwrap();
+        fencelock_testkit::assert_options_documented(include_str!("options.rs"), u.asked());
+    }
 
     #[test]
     fn single_url_keeps_client_options_and_takes_ours() {

@@ -116,8 +116,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fencelock_core::{
-    Backend, Capabilities, Error, FencingToken, Grant, HolderInfo, Key, LeaseRef, LockInfo,
-    Released, Renewal, Request, Result, async_trait, drift_allowance, redact_url,
+    Backend, BackendUrl, Capabilities, Error, FencingToken, Grant, HolderInfo, Key, LeaseRef,
+    LockInfo, Released, Renewal, Request, Result, async_trait, drift_allowance, redact_url,
 };
 use futures::future::join_all;
 use tokio::sync::OnceCell;
@@ -364,50 +364,28 @@ impl RedlockBackend {
     /// [`Error::InvalidConfig`] for a bad URL or fewer than 3 instances;
     /// [`Error::Connection`] if fewer than a majority of instances answer.
     pub async fn connect(url: &str) -> Result<RedlockBackend> {
-        let (rest, query) = match url.split_once('?') {
-            Some((r, q)) => (r, q),
-            None => (url, ""),
-        };
-        let body = rest
-            .strip_prefix("redlock://")
-            .or_else(|| rest.strip_prefix("rediss+redlock://"))
-            .ok_or_else(|| Error::config(format!("{:?} is not a redlock URL", redact_url(url))))?;
-        let scheme = if rest.starts_with("rediss+") {
+        let mut u = BackendUrl::parse("redlock", url, &["redlock", "rediss+redlock"])?;
+        let scheme = if u.scheme().starts_with("rediss+") {
             "rediss"
         } else {
             "redis"
         };
-        let mut instance_timeout = None;
-        let mut passthrough = Vec::new();
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            match pair.split_once('=') {
-                Some(("instance_timeout", v)) => {
-                    instance_timeout = Some(humantime::parse_duration(v).map_err(|e| {
-                        Error::config(format!(
-                            "redlock option instance_timeout={v:?}: {e}; write e.g. 50ms"
-                        ))
-                    })?)
-                }
-                _ => passthrough.push(pair),
-            }
-        }
-        let (auth, hosts) = match body.rfind('@') {
-            Some(at) => (&body[..=at], &body[at + 1..]),
-            None => ("", body),
-        };
-        let hosts: Vec<&str> = hosts
-            .trim_end_matches('/')
-            .split(',')
-            .filter(|h| !h.is_empty())
-            .collect();
+        let instance_timeout = u.take_duration("instance_timeout")?;
+        // The rest are options of every instance's Redis URL.
+        let passthrough = u.rest().join("&");
+        let rest = u.base();
+        // The login as written (still percent-encoded), for each instance's URL.
+        let authority = rest[u.scheme().len() + 3..].split('/').next().unwrap_or("");
+        let auth = authority.rfind('@').map_or("", |at| &authority[..=at]);
+        let hosts: Vec<&str> = u.hosts().collect();
         if hosts.len() < 3 {
             return Err(Error::config(format!(
                 "redlock needs at least 3 independent instances, {:?} names {}",
-                redact_url(url),
+                u.redacted(),
                 hosts.len()
             )));
         }
-        let query = passthrough.join("&");
+        let query = passthrough;
         let mut instances = Vec::new();
         let mut options = None;
         for h in &hosts {

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use fencelock_core::{Error, Result};
+use fencelock_core::{BackendUrl, Result};
 
 /// How hard SQLite flushes commits to disk (`PRAGMA synchronous`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -16,7 +16,13 @@ pub enum Synchronous {
     Full,
 }
 
-/// Options of [`SqliteBackend`](crate::SqliteBackend).
+/// Options of [`SqliteBackend`](crate::SqliteBackend), also from the URL
+/// query (`sqlite:///var/lib/app/locks.db?busy_timeout=10s`).
+///
+/// | URL option | default | meaning |
+/// |---|---|---|
+/// | `busy_timeout=` | 5 s | how long a statement waits for another process's write to the file |
+/// | `synchronous=normal\|full` | `normal` | `PRAGMA synchronous`: `full` also flushes every commit to disk |
 ///
 /// # Examples
 ///
@@ -62,55 +68,40 @@ impl SqliteOptions {
 /// Splits `sqlite://PATH?busy_timeout=5s&synchronous=full` into the path (`None`
 /// when empty) and options.
 pub(crate) fn parse_url(url: &str) -> Result<(Option<PathBuf>, SqliteOptions)> {
-    let rest = url.strip_prefix("sqlite://").ok_or_else(|| {
-        Error::config(format!(
-            "{url:?} is not a sqlite URL; write sqlite://PATH, e.g. sqlite:///var/lib/app/locks.db"
-        ))
-    })?;
-    let (path, query) = match rest.split_once('?') {
-        Some((p, q)) => (p, Some(q)),
-        None => (rest, None),
-    };
+    let mut u = BackendUrl::parse("sqlite", url, &["sqlite"])?;
+    let options = take_options(&mut u)?;
+    u.finish()?;
+    // sqlite://PATH: the path is all that stands between the scheme and the
+    // options, as written (relative without a leading slash).
+    let path = &u.base()["sqlite://".len()..];
+    Ok(((!path.is_empty()).then(|| PathBuf::from(path)), options))
+}
+
+/// Takes the options of the table above out of `u`.
+fn take_options(u: &mut BackendUrl) -> Result<SqliteOptions> {
     let mut options = SqliteOptions::default();
-    for pair in query
-        .into_iter()
-        .flat_map(|q| q.split('&'))
-        .filter(|p| !p.is_empty())
-    {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        match k {
-            "busy_timeout" => {
-                options.busy_timeout = humantime::parse_duration(v).map_err(|e| {
-                    Error::config(format!(
-                        "sqlite option busy_timeout={v:?}: {e}; write e.g. busy_timeout=5s"
-                    ))
-                })?;
-            }
-            "synchronous" => {
-                options.synchronous = match v.to_ascii_lowercase().as_str() {
-                    "normal" => Synchronous::Normal,
-                    "full" => Synchronous::Full,
-                    _ => {
-                        return Err(Error::config(format!(
-                            "sqlite option synchronous={v:?}: expected normal or full"
-                        )));
-                    }
-                };
-            }
-            _ => {
-                return Err(Error::config(format!(
-                    "unknown sqlite option {k:?} in {url:?}; known: busy_timeout, synchronous"
-                )));
-            }
-        }
+    if let Some(d) = u.take_duration("busy_timeout")? {
+        options.busy_timeout = d;
     }
-    let path = (!path.is_empty()).then(|| PathBuf::from(path));
-    Ok((path, options))
+    if let Some(s) = u.take_choice(
+        "synchronous",
+        &[("normal", Synchronous::Normal), ("full", Synchronous::Full)],
+    )? {
+        options.synchronous = s;
+    }
+    Ok(options)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_options_table_lists_every_option_the_parser_takes() {
+        let mut u = BackendUrl::parse("sqlite", "sqlite:///x", &["sqlite"]).unwrap();
+        take_options(&mut u).unwrap();
+        fencelock_testkit::assert_options_documented(include_str!("options.rs"), u.asked());
+    }
 
     #[test]
     fn parses_paths_and_options() {

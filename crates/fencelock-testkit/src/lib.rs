@@ -7,6 +7,7 @@
 #![warn(missing_docs)]
 
 mod conformance;
+mod docs;
 pub mod faults;
 mod flaky;
 mod holder;
@@ -14,6 +15,7 @@ mod proxy;
 mod server;
 
 pub use conformance::{CaseReport, Harness, Outcome, Report, run_conformance};
+pub use docs::{assert_options_documented, documented_options};
 pub use fencelock_core::{HistorySummary, Hold, Violation, check_history};
 pub use flaky::FlakyBackend;
 pub use holder::HolderProcess;

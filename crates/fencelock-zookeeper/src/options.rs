@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use fencelock_core::{Error, Result, redact_url};
+use fencelock_core::{BackendUrl, Error, Result};
 
 /// Which Curator recipe fencelock's exclusive locks interoperate with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -64,66 +64,46 @@ pub(crate) struct ZkUrl {
     pub(crate) options: ZkOptions,
 }
 
-fn duration(name: &str, v: &str) -> Result<Duration> {
-    humantime::parse_duration(v).map_err(|e| {
-        Error::config(format!(
-            "zookeeper option {name}={v:?}: {e}; write e.g. {name}=10s"
-        ))
+pub(crate) fn parse_url(url: &str) -> Result<ZkUrl> {
+    let mut u = BackendUrl::parse("zookeeper", url, &["zk"])?;
+    let digest = u
+        .user()
+        .map(|user| format!("{user}:{}", u.password().unwrap_or("")));
+    if u.hosts().next().is_none() {
+        return Err(Error::config(format!(
+            "{:?} names no ZooKeeper server; write zk://host:2181[,host:2181…][/chroot]",
+            u.redacted()
+        )));
+    }
+    let chroot = u.path().trim_end_matches('/');
+    let cluster = format!("{}{chroot}", u.hosts_text());
+    let options = take_options(&mut u)?;
+    u.finish()?;
+    Ok(ZkUrl {
+        cluster,
+        digest,
+        options,
     })
 }
 
-pub(crate) fn parse_url(url: &str) -> Result<ZkUrl> {
-    let rest = url
-        .strip_prefix("zk://")
-        .ok_or_else(|| Error::config(format!("{:?} is not a zk:// URL", redact_url(url))))?;
-    let (rest, query) = match rest.split_once('?') {
-        Some((r, q)) => (r, q),
-        None => (rest, ""),
-    };
-    let (auth, rest) = match rest.rfind('@') {
-        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
-        None => (None, rest),
-    };
-    let digest = auth.map(|a| {
-        let (user, pass) = a.split_once(':').unwrap_or((a, ""));
-        format!("{user}:{pass}")
-    });
-    let (hosts, chroot) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, ""),
-    };
-    if hosts.split(',').all(|h| h.trim().is_empty()) {
-        return Err(Error::config(format!(
-            "{:?} names no ZooKeeper server; write zk://host:2181[,host:2181…][/chroot]",
-            redact_url(url)
-        )));
-    }
-    let chroot = chroot.trim_end_matches('/');
+/// Takes the options of the table above out of `u`.
+fn take_options(u: &mut BackendUrl) -> Result<ZkOptions> {
     let mut options = ZkOptions::default();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        match k {
-            "prefix" => options.prefix = v.trim_end_matches('/').to_string(),
-            "session_timeout" => options.session_timeout = duration(k, v)?,
-            "connect_timeout" => options.connect_timeout = duration(k, v)?,
-            "ttl" => options.default_ttl = Some(duration(k, v)?),
-            "writer" => {
-                options.writer = match v {
-                    "mutex" => Writer::Mutex,
-                    "rwlock" => Writer::ReadWriteLock,
-                    _ => {
-                        return Err(Error::config(format!(
-                            "zookeeper option writer={v:?}: expected mutex or rwlock"
-                        )));
-                    }
-                }
-            }
-            _ => {
-                return Err(Error::config(format!(
-                    "unknown zookeeper option {k:?}; known: prefix, session_timeout, connect_timeout, writer, ttl"
-                )));
-            }
-        }
+    if let Some(prefix) = u.take("prefix") {
+        options.prefix = prefix.trim_end_matches('/').to_string();
+    }
+    if let Some(d) = u.take_duration("session_timeout")? {
+        options.session_timeout = d;
+    }
+    if let Some(d) = u.take_duration("connect_timeout")? {
+        options.connect_timeout = d;
+    }
+    options.default_ttl = u.take_duration("ttl")?;
+    if let Some(w) = u.take_choice(
+        "writer",
+        &[("mutex", Writer::Mutex), ("rwlock", Writer::ReadWriteLock)],
+    )? {
+        options.writer = w;
     }
     if !options.prefix.starts_with('/') || options.prefix.len() < 2 || options.prefix.contains("//")
     {
@@ -132,16 +112,19 @@ pub(crate) fn parse_url(url: &str) -> Result<ZkUrl> {
             options.prefix
         )));
     }
-    Ok(ZkUrl {
-        cluster: format!("{hosts}{chroot}"),
-        digest,
-        options,
-    })
+    Ok(options)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_options_table_lists_every_option_the_parser_takes() {
+        let mut u = BackendUrl::parse("zookeeper", "zk://h", &["zk"]).unwrap();
+        take_options(&mut u).unwrap();
+        fencelock_testkit::assert_options_documented(include_str!("options.rs"), u.asked());
+    }
 
     #[test]
     fn parses_hosts_chroot_auth_and_options() {
