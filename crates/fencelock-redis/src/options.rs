@@ -143,6 +143,8 @@ pub(crate) fn parse_url(url: &str) -> Result<(Target, RedisOptions)> {
                 "a redis cluster URL has no database path (clusters have only db 0)",
             ));
         }
+        // The cluster client takes no options of its own through the URL.
+        u.finish()?;
         let nodes: Vec<String> = u
             .hosts()
             .map(|h| format!("{node_scheme}://{auth}{h}"))
@@ -235,6 +237,10 @@ mod tests {
             ("redis://h?wait_replicas=x", "wait_replicas"),
             ("redis+cluster://h:1?wait_replicas=1", "single"),
             ("redis+cluster://", "no cluster node"),
+            (
+                "redis+cluster://h:1?protocol=resp3",
+                "unknown redis option \"protocol\"",
+            ),
         ] {
             let e = parse_url(url).unwrap_err().to_string();
             assert!(e.contains(needle), "{url}: {e}");
