@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use fencelock_core::{Backend, Key, MemoryBackend, Result, async_trait};
-use fencelock_testkit::{Harness, run_conformance};
+use fencelock_testkit::Harness;
 
 struct Memory(MemoryBackend);
 
@@ -19,14 +19,5 @@ impl Harness for Memory {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn memory_passes_the_conformance_suite() {
-    let report = run_conformance("memory", Memory(MemoryBackend::new())).await;
-    report.assert_passed();
-    // Memory supports every capability the suite switches on.
-    assert!(
-        report.skipped().is_empty(),
-        "skipped: {:?}",
-        report.skipped()
-    );
-}
+// Memory supports every capability the suite switches on.
+fencelock_testkit::conformance_tests!("memory", Memory(MemoryBackend::new()), none_skipped);

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use fencelock_core::{Backend, Key, Result, async_trait};
 use fencelock_etcd::EtcdBackend;
-use fencelock_testkit::{Harness, run_conformance};
+use fencelock_testkit::{Harness, conformance_tests};
 
 const STANDALONE: &str = "etcd://127.0.0.1:2379?session_ttl=2s";
 const CLUSTER: &str = "etcd://127.0.0.1:2479,127.0.0.1:2579,127.0.0.1:2679?session_ttl=2s";
@@ -28,26 +28,14 @@ impl Harness for Etcd {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn standalone_etcd_passes_the_conformance_suite() {
-    let report = run_conformance("etcd", Etcd { url: STANDALONE }).await;
-    report.assert_passed();
-    assert!(
-        report.skipped().is_empty(),
-        "skipped: {:?}",
-        report.skipped()
-    );
+mod standalone {
+    use super::*;
+    conformance_tests!("etcd", Etcd { url: STANDALONE }, none_skipped);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_cluster_passes_the_conformance_suite() {
-    let report = run_conformance("etcd-cluster", Etcd { url: CLUSTER }).await;
-    report.assert_passed();
-    assert!(
-        report.skipped().is_empty(),
-        "skipped: {:?}",
-        report.skipped()
-    );
+mod cluster {
+    use super::*;
+    conformance_tests!("etcd-cluster", Etcd { url: CLUSTER }, none_skipped);
 }
 
 /// Keys are raw path segments (the layout of `etcdctl lock`), so a lock

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use fencelock_core::{Backend, Key, Result, async_trait};
 use fencelock_memcached::MemcachedBackend;
-use fencelock_testkit::{Harness, run_conformance};
+use fencelock_testkit::{Harness, conformance_tests};
 
 const URL: &str = "memcached://127.0.0.1:11211";
 
@@ -25,20 +25,14 @@ impl Harness for Memcached {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn memcached_passes_the_conformance_suite() {
-    let report = run_conformance("memcached", Memcached).await;
-    report.assert_passed();
-    let mut skipped = report.skipped();
-    skipped.sort_unstable();
-    // No fencing (a cache may evict), no shared or semaphore modes.
-    assert_eq!(
-        skipped,
-        [
-            "a_semaphore_keeps_one_permit_count_while_held",
-            "readers_coexist_and_exclude_writers",
-            "semaphore_admits_exactly_n",
-            "tokens_increase_across_holders",
-        ]
-    );
-}
+// No fencing (a cache may evict), no shared or semaphore modes.
+conformance_tests!(
+    "memcached",
+    Memcached,
+    skips: [
+        tokens_increase_across_holders,
+        readers_coexist_and_exclude_writers,
+        semaphore_admits_exactly_n,
+        a_semaphore_keeps_one_permit_count_while_held,
+    ]
+);

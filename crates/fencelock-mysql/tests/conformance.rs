@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use fencelock_core::{Backend, Key, Result, async_trait};
 use fencelock_mysql::MySqlBackend;
-use fencelock_testkit::{Harness, run_conformance};
+use fencelock_testkit::{Harness, conformance_tests};
 
 const URL: &str = "mysql://root@127.0.0.1:3306/test";
 
@@ -27,33 +27,25 @@ impl Harness for My {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lease_mode_passes_the_conformance_suite() {
-    let report = run_conformance(
+mod lease {
+    use super::*;
+    conformance_tests!(
         "mysql-lease",
         My {
             url: format!("{URL}?mode=lease"),
         },
-    )
-    .await;
-    report.assert_passed();
-    assert!(
-        report.skipped().is_empty(),
-        "skipped: {:?}",
-        report.skipped()
+        none_skipped
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn get_lock_mode_passes_the_conformance_suite() {
-    let report = run_conformance(
+mod get_lock {
+    use super::*;
+    // GET_LOCK has no shared form: only the readers case is skipped.
+    conformance_tests!(
         "mysql-get-lock",
         My {
             url: format!("{URL}?mode=get_lock"),
         },
-    )
-    .await;
-    report.assert_passed();
-    // GET_LOCK has no shared form: only the readers case may be skipped.
-    assert_eq!(report.skipped(), ["readers_coexist_and_exclude_writers"]);
+        skips: [readers_coexist_and_exclude_writers]
+    );
 }

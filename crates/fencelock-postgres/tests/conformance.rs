@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use fencelock_core::{Backend, Key, Result, async_trait};
 use fencelock_postgres::PostgresBackend;
-use fencelock_testkit::{Harness, run_conformance};
+use fencelock_testkit::{Harness, conformance_tests};
 
 const URL: &str = "postgres://postgres:postgres@127.0.0.1:5432/test";
 
@@ -27,23 +27,24 @@ impl Harness for Pg {
     }
 }
 
-async fn suite(label: &str, mode: &str) {
-    let url = format!("{URL}?mode={mode}");
-    let report = run_conformance(label, Pg { url }).await;
-    report.assert_passed();
-    assert!(
-        report.skipped().is_empty(),
-        "skipped: {:?}",
-        report.skipped()
+mod lease {
+    use super::*;
+    conformance_tests!(
+        "postgres-lease",
+        Pg {
+            url: format!("{URL}?mode=lease"),
+        },
+        none_skipped
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lease_mode_passes_the_conformance_suite() {
-    suite("postgres-lease", "lease").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn advisory_mode_passes_the_conformance_suite() {
-    suite("postgres-advisory", "advisory").await;
+mod advisory {
+    use super::*;
+    conformance_tests!(
+        "postgres-advisory",
+        Pg {
+            url: format!("{URL}?mode=advisory"),
+        },
+        none_skipped
+    );
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use fencelock_core::{Backend, Key, Result, async_trait};
 use fencelock_redis::RedisBackend;
-use fencelock_testkit::{Harness, run_conformance};
+use fencelock_testkit::{Harness, conformance_tests};
 
 pub const SINGLE: &str = "redis://127.0.0.1:6379";
 pub const CLUSTER: &str = "redis+cluster://127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103";
@@ -28,26 +28,14 @@ impl Harness for Redis {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn single_redis_passes_the_conformance_suite() {
-    let report = run_conformance("redis", Redis { url: SINGLE }).await;
-    report.assert_passed();
-    assert!(
-        report.skipped().is_empty(),
-        "skipped: {:?}",
-        report.skipped()
-    );
+mod single {
+    use super::*;
+    conformance_tests!("redis", Redis { url: SINGLE }, none_skipped);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_cluster_passes_the_conformance_suite() {
-    let report = run_conformance("redis-cluster", Redis { url: CLUSTER }).await;
-    report.assert_passed();
-    assert!(
-        report.skipped().is_empty(),
-        "skipped: {:?}",
-        report.skipped()
-    );
+mod cluster {
+    use super::*;
+    conformance_tests!("redis-cluster", Redis { url: CLUSTER }, none_skipped);
 }
 
 mod redlock {
@@ -55,7 +43,7 @@ mod redlock {
 
     use fencelock_core::{Backend, Key, Result, async_trait};
     use fencelock_redis::RedlockBackend;
-    use fencelock_testkit::{Harness, run_conformance};
+    use fencelock_testkit::{Harness, conformance_tests};
 
     pub const FIVE: &str =
         "redlock://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004,127.0.0.1:7005";
@@ -79,30 +67,22 @@ mod redlock {
         }
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn redlock_on_5_instances_passes_the_conformance_suite() {
-        let report = run_conformance("redlock-5", Redlock { url: FIVE }).await;
-        report.assert_passed();
-        // A semaphore is not safe under a plain majority: the one skipped case.
-        assert_eq!(
-            report.skipped(),
-            [
-                "semaphore_admits_exactly_n",
-                "a_semaphore_keeps_one_permit_count_while_held"
-            ]
+    // A semaphore is not safe under a plain majority: its cases are skipped.
+    mod five {
+        use super::*;
+        conformance_tests!(
+            "redlock-5",
+            Redlock { url: FIVE },
+            skips: [semaphore_admits_exactly_n, a_semaphore_keeps_one_permit_count_while_held]
         );
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn redlock_on_3_instances_passes_the_conformance_suite() {
-        let report = run_conformance("redlock-3", Redlock { url: THREE }).await;
-        report.assert_passed();
-        assert_eq!(
-            report.skipped(),
-            [
-                "semaphore_admits_exactly_n",
-                "a_semaphore_keeps_one_permit_count_while_held"
-            ]
+    mod three {
+        use super::*;
+        conformance_tests!(
+            "redlock-3",
+            Redlock { url: THREE },
+            skips: [semaphore_admits_exactly_n, a_semaphore_keeps_one_permit_count_while_held]
         );
     }
 }

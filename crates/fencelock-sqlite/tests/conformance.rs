@@ -5,10 +5,22 @@ use std::sync::Arc;
 
 use fencelock_core::{Backend, Key, Result, async_trait};
 use fencelock_sqlite::SqliteBackend;
-use fencelock_testkit::{Harness, run_conformance};
+use fencelock_testkit::{Harness, conformance_tests};
 
 struct Sqlite {
     path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Sqlite {
+    /// A harness on a new file in a directory of its own.
+    fn in_new_dir() -> Sqlite {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        Sqlite {
+            path: dir.path().join("locks.db"),
+            _dir: dir,
+        }
+    }
 }
 
 #[async_trait]
@@ -26,22 +38,9 @@ impl Harness for Sqlite {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_passes_the_conformance_suite() {
-    let dir = tempfile::tempdir().unwrap();
-    let report = run_conformance(
-        "sqlite",
-        Sqlite {
-            path: dir.path().join("locks.db"),
-        },
-    )
-    .await;
-    report.assert_passed();
-    assert!(
-        report.skipped().is_empty(),
-        "skipped: {:?}",
-        report.skipped()
-    );
+mod suite {
+    use super::*;
+    conformance_tests!("sqlite", Sqlite::in_new_dir(), none_skipped);
 }
 
 #[tokio::test]

@@ -295,16 +295,45 @@ fn all_cases() -> Vec<Case> {
     ]
 }
 
+/// The names of the conformance cases, in the order the suite runs them
+/// (the tests [`conformance_tests!`](crate::conformance_tests) makes).
+pub fn case_names() -> Vec<&'static str> {
+    all_cases().iter().map(|c| c.name).collect()
+}
+
 /// Runs the whole suite against the backend behind `harness` and returns the
 /// report (also printed). Call [`Report::assert_passed`] on it.
 ///
 /// Every case uses its own keys under a random prefix, so runs against a shared
 /// server do not interfere. `FENCELOCK_CASES=a,b` runs only the named cases.
+/// A backend's tests rather use [`conformance_tests!`](crate::conformance_tests),
+/// which makes each case a test of its own.
 pub async fn run_conformance(backend: &str, harness: impl Harness) -> Report {
-    let harness: Arc<dyn Harness> = Arc::new(harness);
     let only: Option<Vec<String>> = std::env::var("FENCELOCK_CASES")
         .ok()
         .map(|v| v.split(',').map(|s| s.trim().to_string()).collect());
+    run_cases(backend, harness, |name| {
+        only.as_ref().is_none_or(|o| o.iter().any(|n| n == name))
+    })
+    .await
+}
+
+/// Runs the one case `name` of the suite (see [`run_conformance`]). Cases of
+/// one test binary run one at a time, as in the whole suite: several timed
+/// cases at once on a 2-core machine would measure the machine.
+///
+/// # Panics
+///
+/// If there is no case called `name`.
+pub async fn run_case(backend: &str, name: &str, harness: impl Harness) -> Report {
+    static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    assert!(case_names().contains(&name), "no conformance case {name:?}");
+    let _turn = ONE_AT_A_TIME.lock().await;
+    run_cases(backend, harness, |n| n == name).await
+}
+
+async fn run_cases(backend: &str, harness: impl Harness, wanted: impl Fn(&str) -> bool) -> Report {
+    let harness: Arc<dyn Harness> = Arc::new(harness);
     let mut report = Report {
         backend: backend.to_string(),
         cases: Vec::new(),
@@ -323,10 +352,7 @@ pub async fn run_conformance(backend: &str, harness: impl Harness) -> Report {
     };
     let run_id = uuid::Uuid::new_v4().simple().to_string();
     for case in all_cases() {
-        if only
-            .as_ref()
-            .is_some_and(|o| !o.iter().any(|n| n == case.name))
-        {
+        if !wanted(case.name) {
             continue;
         }
         let start = Instant::now();

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use fencelock_core::{Backend, Key, Result, async_trait};
-use fencelock_testkit::{Harness, run_conformance};
+use fencelock_testkit::{Harness, conformance_tests};
 use fencelock_zookeeper::ZooKeeperBackend;
 
 const STANDALONE: &str = "zk://127.0.0.1:2181?session_timeout=3s";
@@ -28,24 +28,12 @@ impl Harness for Zk {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn standalone_zookeeper_passes_the_conformance_suite() {
-    let report = run_conformance("zookeeper", Zk { url: STANDALONE }).await;
-    report.assert_passed();
-    assert!(
-        report.skipped().is_empty(),
-        "skipped: {:?}",
-        report.skipped()
-    );
+mod standalone {
+    use super::*;
+    conformance_tests!("zookeeper", Zk { url: STANDALONE }, none_skipped);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn zookeeper_ensemble_passes_the_conformance_suite() {
-    let report = run_conformance("zookeeper-ensemble", Zk { url: ENSEMBLE }).await;
-    report.assert_passed();
-    assert!(
-        report.skipped().is_empty(),
-        "skipped: {:?}",
-        report.skipped()
-    );
+mod ensemble {
+    use super::*;
+    conformance_tests!("zookeeper-ensemble", Zk { url: ENSEMBLE }, none_skipped);
 }
