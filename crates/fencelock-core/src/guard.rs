@@ -11,10 +11,9 @@ use tracing::Instrument;
 use crate::backend::LeaseRef;
 use crate::error::{Error, Result};
 use crate::key::{Key, Owner};
-use crate::local_queue::LineHold;
+use crate::line::{LineHold, hand_off_from};
 use crate::locker::Shared;
 use crate::mode::Mode;
-use crate::sync::{FinishOnDrop, timeout};
 use crate::token::FencingToken;
 use crate::watchdog::DropRelease;
 
@@ -413,104 +412,24 @@ impl Guard {
         self.lease_ref.clone()
     }
 
-    /// Releases, handing an exclusive lock straight to this locker's next waiter
-    /// for the key when one waits (see `local_queue`).
-    ///
-    /// Only a guard that holds through the line hands off: the waiter carries
-    /// its local hold on. A guard without one (from `try_acquire`, or with an
-    /// owner of its own) releases plainly, and the head learns of it at the
-    /// backend.
+    /// Releases, handing an exclusive lock straight to this locker's next
+    /// waiter for the key when one waits (see `line::hand_off_from`).
     ///
     /// # Cancel safety
     ///
-    /// A handoff, dropped before its end, finishes in a task of the runtime:
-    /// cut midway, it could leave the lock handed to a waiter that never
-    /// hears of it (a ghost holder until the TTL, should that waiter give up
-    /// before its own attempt finds the hold). Without a runtime to finish
-    /// it, and for a plain release, the release is cut where it stands.
+    /// A handoff, dropped before its end, finishes in a task of the runtime
+    /// (see `line::hand_off_from`). A plain release is cut where it stands.
     async fn release_or_hand_off(&mut self) -> Result<crate::backend::Released> {
-        let queues = &self.shared.queues;
-        let offer = match (&self.line_hold, self.lease_ref.mode) {
-            (Some(_), Mode::Exclusive) => queues.take_offer(&self.lease_ref.key),
-            _ => None,
-        };
-        let (Some(offer), Some(line_hold)) = (offer, self.line_hold.take()) else {
-            queues.released_plainly(&self.lease_ref.key);
-            return self.shared.backend.release(&self.lease_ref).await;
-        };
-        // Armed before anything can drop it: the offer opens again unless the
-        // handoff got an answer.
-        let pending = OfferInFlight(Some(offer.clone()));
-        FinishOnDrop::new(hand_off(
-            self.shared.backend.clone(),
-            self.lease_ref.clone(),
-            offer,
-            line_hold,
-            pending,
-        ))
-        .await
+        if let Some(handoff) = hand_off_from(&self.shared, &self.lease_ref, &mut self.line_hold) {
+            return handoff.await;
+        }
+        self.shared.lines.released_plainly(&self.lease_ref.key);
+        self.shared.backend.release(&self.lease_ref).await
     }
 
     fn stop_renewing(&self) {
         if let Some(id) = self.watchdog_id {
             self.shared.watchdog.unregister(id);
-        }
-    }
-}
-
-/// Releases `lease` and hands the lock to the waiter of `offer` in one
-/// backend call; the releaser's local hold is carried on to the waiter if
-/// it got the lock, and ends here otherwise. (Run under shuttle with the
-/// line: `src/shuttle_tests.rs`, `docs/SAFETY.md` §3.)
-async fn hand_off(
-    backend: Arc<dyn crate::Backend>,
-    lease: LeaseRef,
-    offer: Arc<crate::local_queue::Offer>,
-    line_hold: LineHold,
-    pending: OfferInFlight,
-) -> Result<crate::backend::Released> {
-    // A call that never answers would keep the offer in flight and the
-    // local hold counted: it gets the lease's TTL, after which the hold it
-    // was to release has expired anyway.
-    let outcome = timeout(lease.ttl, backend.release_to(&lease, offer.request()))
-        .await
-        .unwrap_or_else(|| {
-            Err(Error::backend(
-                backend.name(),
-                format!(
-                    "the release did not answer within the TTL ({:?})",
-                    lease.ttl
-                ),
-            ))
-        });
-    pending.disarm();
-    // After an error the lock may have been handed all the same (a lost
-    // reply): the waiter's own attempts find that hold; given up, it stays
-    // until its TTL, as any hold whose release went unanswered.
-    let (result, grant) = match outcome {
-        Ok((released, grant)) => (Ok(released), grant),
-        Err(e) => (Err(e), None),
-    };
-    if offer.complete(grant) {
-        line_hold.hand_on();
-    }
-    result
-}
-
-/// An offer taken for a handoff: opened again if the handoff is dropped
-/// before it got an answer (no runtime finished it).
-struct OfferInFlight(Option<std::sync::Arc<crate::local_queue::Offer>>);
-
-impl OfferInFlight {
-    fn disarm(mut self) {
-        self.0 = None;
-    }
-}
-
-impl Drop for OfferInFlight {
-    fn drop(&mut self) {
-        if let Some(offer) = self.0.take() {
-            offer.complete(None);
         }
     }
 }

@@ -40,7 +40,7 @@ mod error;
 mod guard;
 mod history;
 mod key;
-mod local_queue;
+mod line;
 mod locker;
 mod memory;
 mod mode;

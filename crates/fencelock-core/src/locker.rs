@@ -14,10 +14,10 @@ use crate::capabilities::Capabilities;
 use crate::error::{Error, Result};
 use crate::guard::{Guard, Lease, LeaseState, LostReason, validity_deadline};
 use crate::key::{Key, Owner};
-use crate::local_queue::LocalQueues;
+use crate::line::{Lines, acquire_in_line};
 use crate::mode::Mode;
 use crate::multi::MultiLockBuilder;
-use crate::sync::{AtomicU64, Mutex, lock, runtime_present, sleep_until, spawn, timeout_at};
+use crate::sync::{AtomicU64, Mutex, lock, runtime_present, spawn, timeout_at};
 use crate::watchdog::{self, DropRelease, Registration, Watchdog};
 
 /// The TTL of a hold unless the builder says otherwise (Redisson's 30 s).
@@ -37,7 +37,7 @@ pub(crate) struct Shared {
     id: String,
     next_id: AtomicU64,
     default_ttl: Duration,
-    pub(crate) queues: Arc<LocalQueues>,
+    pub(crate) lines: Arc<Lines>,
 }
 
 impl Shared {
@@ -129,7 +129,7 @@ impl Locker {
                 id,
                 next_id: AtomicU64::new(1),
                 default_ttl,
-                queues: Arc::default(),
+                lines: Arc::default(),
             }),
         }
     }
@@ -547,38 +547,11 @@ pub(crate) async fn acquire_one(
     let backend = &locker.shared.backend;
     let span = acquire_span(backend.as_ref(), req);
     // Exclusive requests of default owners line up behind this locker's other
-    // waiters for the key, and the head accepts handoffs (see local_queue).
+    // waiters for the key, and the head accepts handoffs (see `line`).
     let lined = req.mode == Mode::Exclusive && opts.owner.is_none();
     loop {
         let (grant, line_hold) = if lined {
-            let queues = &locker.shared.queues;
-            let turn = queues.join(&req.key, req, backend, deadline).await;
-            let offer = turn.offer();
-            let outcome = if let Some(g) = offer.take_delivered() {
-                Ok(Some((g, true)))
-            } else if turn.is_head() {
-                wait_as_head(&turn, backend.as_ref(), req, deadline)
-                    .instrument(span.clone())
-                    .await
-            } else {
-                Ok(None)
-            };
-            let (grant, handed) = match outcome {
-                // A handoff delivered meanwhile is the same hold, whose local hold
-                // its releaser carried on to this waiter: count it once.
-                Ok(Some((g, handed))) => {
-                    let delivered = offer.done();
-                    (Some(g), handed || delivered)
-                }
-                // Gave up: a handoff may have arrived meanwhile; take it.
-                Ok(None) => (offer.abandon(), true),
-                Err(e) => match offer.abandon() {
-                    Some(g) => (Some(g), true),
-                    None => return Err(e),
-                },
-            };
-            let hold = grant.as_ref().map(|_| turn.hold(queues, handed));
-            (grant, hold)
+            acquire_in_line(&locker.shared.lines, backend, req, deadline, &span).await?
         } else {
             (
                 backend
@@ -685,54 +658,6 @@ impl Drop for ReleaseOnDrop<'_> {
     fn drop(&mut self) {
         if let Some(lease) = self.lease.take() {
             let _ = self.locker.shared.drops.send(DropRelease(lease));
-        }
-    }
-}
-
-/// How often a head re-checks the backend while a local guard holds the key
-/// (in case that guard's lease was lost without the guard being dropped).
-const LOCAL_HOLDER_RECHECK: Duration = Duration::from_secs(1);
-
-/// The head of a line waits for a handoff from a local releaser; while no
-/// local guard holds the key (or always, on a queue-based backend) it also waits
-/// at the backend. Returns the grant and whether it was handed over. (Run
-/// under shuttle with the line: `src/shuttle_tests.rs`, `docs/SAFETY.md` §3.)
-async fn wait_as_head(
-    turn: &crate::local_queue::Turn<'_>,
-    backend: &dyn Backend,
-    req: &Request,
-    deadline: Option<Instant>,
-) -> Result<Option<(Grant, bool)>> {
-    loop {
-        let gone = turn.holder_gone();
-        tokio::pin!(gone);
-        gone.as_mut().enable();
-        // A queue-based backend (`fair`) keeps a place in its queue while it
-        // waits, so the head joins that queue even while a local guard holds.
-        if turn.local_holders() == 0 || backend.capabilities().fair {
-            return tokio::select! {
-                biased;
-                g = turn.offer().delivered() => Ok(Some((g, true))),
-                r = backend.acquire(req, deadline) => r.map(|g| g.map(|g| (g, false))),
-            };
-        }
-        // Busy here: it will be handed over, or released here (which wakes us).
-        let mut recheck = Instant::now() + LOCAL_HOLDER_RECHECK;
-        if let Some(d) = deadline {
-            recheck = recheck.min(d);
-        }
-        tokio::select! {
-            biased;
-            g = turn.offer().delivered() => return Ok(Some((g, true))),
-            _ = &mut gone => {}
-            _ = sleep_until(recheck) => {
-                if let Some(g) = backend.try_acquire(req).await? {
-                    return Ok(Some((g, false)));
-                }
-                if deadline.is_some_and(|d| Instant::now() >= d) {
-                    return Ok(None);
-                }
-            }
         }
     }
 }

@@ -1,6 +1,5 @@
-//! Shuttle tests of the in-process line: `local_queue` (places, offers,
-//! handoffs), the locker's head logic (`acquire_one`, `wait_as_head`: the
-//! head's re-check racing a handoff), the guard's release with handoff,
+//! Shuttle tests of the in-process line (`src/line/`: places, offers, the
+//! head's wait and re-check racing a handoff, the release that hands off),
 //! release from `Drop` (through the watchdog task) and the watchdog's tick.
 //! `docs/SAFETY.md` §3 says what they cover and what not.
 //!
@@ -153,7 +152,7 @@ impl Drop for Inside {
 }
 
 fn waiting(locker: &Locker, key: &Key) -> usize {
-    let census = locker.shared.queues.census();
+    let census = locker.shared.lines.census();
     census
         .iter()
         .find(|(k, ..)| k == key)
@@ -273,7 +272,7 @@ fn run(s: Scenario) {
         // handoffs nobody took) get their turns; then nothing may be left.
         let mut left = None;
         for _ in 0..2_000 {
-            let lines = locker.shared.queues.census();
+            let lines = locker.shared.lines.census();
             let info = backend.inspect(&key).await.expect("memory answers");
             let holders: Vec<String> = info
                 .map(|i| i.holders.into_iter().map(|h| h.owner).collect())

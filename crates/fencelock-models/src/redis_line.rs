@@ -7,7 +7,7 @@
 //! the same step), `UNDO` and `LEAVE_LINE` of
 //! `crates/fencelock-redis/src/scripts.rs`, and the core's side: a releaser
 //! hands over to a waiter of its own process (`Guard::release` with
-//! `LocalQueues::take_offer` in `crates/fencelock-core`), at most
+//! `Lines::take_offer` in `crates/fencelock-core/src/line`), at most
 //! [`RedisLine::max_handoffs`] times in a row; the head's own acquire races
 //! the handoff, and the one that loses is given up (an acquire dropped in
 //! flight is undone, `Pending` in `crates/fencelock-redis/src/lib.rs`).
