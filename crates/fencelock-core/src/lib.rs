@@ -52,6 +52,7 @@ mod shuttle_tests;
 mod sync;
 mod token;
 mod url;
+mod wait;
 mod watchdog;
 
 pub use admission::{Admission, admit};
@@ -73,3 +74,4 @@ pub use queue_rule::{QueueRole, QueueWait, queue_blocker};
 pub use session_holds::{LastHold, SessionHolds, SessionWatch, lease_start};
 pub use token::FencingToken;
 pub use url::BackendUrl;
+pub use wait::{TryOutcome, wait_for_grant};

@@ -64,7 +64,7 @@ use std::time::Duration;
 use async_memcached::{Client, MetaProtocol, Status};
 use fencelock_core::{
     Backend, Backoff, Capabilities, Error, Grant, HolderInfo, Key, LeaseRef, LockInfo, Mode,
-    Released, Renewal, Request, Result, async_trait,
+    Released, Renewal, Request, Result, TryOutcome, async_trait, wait_for_grant,
 };
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -386,23 +386,16 @@ impl Backend for MemcachedBackend {
     }
 
     async fn acquire(&self, req: &Request, deadline: Option<Instant>) -> Result<Option<Grant>> {
-        let mut backoff = Backoff::new(Duration::from_millis(2), Duration::from_millis(100));
-        loop {
-            let released = self.inner.released.notified();
-            tokio::pin!(released);
-            released.as_mut().enable();
-            let left = match self.attempt(req).await? {
-                Ok(grant) => return Ok(Some(grant)),
-                Err(left) => left,
-            };
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Ok(None);
-            }
-            tokio::select! {
-                _ = &mut released => backoff.reset(),
-                _ = backoff.sleep(deadline, Some(left.max(Duration::from_millis(1)))) => {}
-            }
-        }
+        let backoff = Backoff::new(Duration::from_millis(2), Duration::from_millis(100));
+        wait_for_grant(deadline, backoff, Some(&self.inner.released), |_| async {
+            Ok(match self.attempt(req).await? {
+                Ok(grant) => TryOutcome::Granted(grant),
+                Err(left) => TryOutcome::Busy {
+                    retry_in: Some(left.max(Duration::from_millis(1))),
+                },
+            })
+        })
+        .await
     }
 
     async fn renew(&self, leases: &[LeaseRef]) -> Result<Vec<Renewal>> {

@@ -87,7 +87,7 @@ use std::time::Duration;
 
 use fencelock_core::{
     Backend, Backoff, Capabilities, Error, FencingToken, Grant, Key, LeaseRef, LockInfo, Mode,
-    Released, Renewal, Request, Result, async_trait,
+    Released, Renewal, Request, Result, TryOutcome, async_trait, wait_for_grant,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use tokio::sync::Notify;
@@ -195,26 +195,19 @@ impl MySqlBackend {
         req: &Request,
         deadline: Option<Instant>,
     ) -> Result<Option<Grant>> {
-        let mut backoff = Backoff::new(Duration::from_millis(2), Duration::from_millis(100));
-        loop {
-            let released = self.inner.released.notified();
-            tokio::pin!(released);
-            released.as_mut().enable();
+        let backoff = Backoff::new(Duration::from_millis(2), Duration::from_millis(100));
+        wait_for_grant(deadline, backoff, Some(&self.inner.released), |_| async {
             let requested_at = Instant::now();
-            let hint = match lease::attempt(&self.inner.db, req).await? {
+            Ok(match lease::attempt(&self.inner.db, req).await? {
                 Ok((token, holds)) => {
-                    return Ok(Some(lease_grant(req, token, holds, requested_at)));
+                    TryOutcome::Granted(lease_grant(req, token, holds, requested_at))
                 }
-                Err(left) => left,
-            };
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Ok(None);
-            }
-            tokio::select! {
-                _ = &mut released => backoff.reset(),
-                _ = backoff.sleep(deadline, Some(hint + Duration::from_millis(1))) => {}
-            }
-        }
+                Err(left) => TryOutcome::Busy {
+                    retry_in: Some(left + Duration::from_millis(1)),
+                },
+            })
+        })
+        .await
     }
 }
 
@@ -270,17 +263,13 @@ impl Backend for MySqlBackend {
         match (self.inner.options.mode, req.mode) {
             (MyMode::Lease, _) => self.acquire_lease(req, deadline).await,
             (MyMode::GetLock, Mode::Semaphore { .. }) => {
-                let mut backoff =
-                    Backoff::new(Duration::from_millis(2), Duration::from_millis(200));
-                loop {
-                    if let Some(grant) = self.inner.get_lock.acquire(req, None).await? {
-                        return Ok(Some(grant));
-                    }
-                    if deadline.is_some_and(|d| Instant::now() >= d) {
-                        return Ok(None);
-                    }
-                    backoff.sleep(deadline, None).await;
-                }
+                let backoff = Backoff::new(Duration::from_millis(2), Duration::from_millis(200));
+                wait_for_grant(deadline, backoff, None, |_| async {
+                    Ok(TryOutcome::from_try(
+                        self.inner.get_lock.acquire(req, None).await?,
+                    ))
+                })
+                .await
             }
             (MyMode::GetLock, _) => self.inner.get_lock.acquire(req, Some(deadline)).await,
         }

@@ -97,7 +97,7 @@ use std::time::Duration;
 
 use fencelock_core::{
     Backend, Backoff, Capabilities, Error, FencingToken, Grant, Key, LeaseRef, LockInfo, Released,
-    Renewal, Request, Result, async_trait,
+    Renewal, Request, Result, TryOutcome, async_trait, wait_for_grant,
 };
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::sync::OnceCell;
@@ -214,28 +214,21 @@ impl PostgresBackend {
     ) -> Result<Option<Grant>> {
         self.listen().await;
         let wake = self.inner.waiters.of(req.key.as_str());
-        let mut backoff = Backoff::new(Duration::from_millis(20), MAX_RECHECK);
-        loop {
-            let released = wake.notified();
-            tokio::pin!(released);
-            released.as_mut().enable();
+        // Woken by the release's NOTIFY, else re-check when the holder's
+        // lease would end, and at least every MAX_RECHECK.
+        let backoff = Backoff::new(Duration::from_millis(20), MAX_RECHECK);
+        wait_for_grant(deadline, backoff, Some(&wake), |_| async {
             let requested_at = Instant::now();
-            let hint = match lease::attempt(&self.inner.db, req).await? {
+            Ok(match lease::attempt(&self.inner.db, req).await? {
                 Ok((token, holds)) => {
-                    return Ok(Some(Self::lease_grant(req, token, holds, requested_at)));
+                    TryOutcome::Granted(Self::lease_grant(req, token, holds, requested_at))
                 }
-                Err(left) => left,
-            };
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Ok(None);
-            }
-            // Woken by the release's NOTIFY, else re-check when the holder's
-            // lease would end, and at least every MAX_RECHECK.
-            tokio::select! {
-                _ = &mut released => backoff.reset(),
-                _ = backoff.sleep(deadline, Some(hint + Duration::from_millis(1))) => {}
-            }
-        }
+                Err(left) => TryOutcome::Busy {
+                    retry_in: Some(left + Duration::from_millis(1)),
+                },
+            })
+        })
+        .await
     }
 }
 
@@ -286,17 +279,13 @@ impl Backend for PostgresBackend {
         match (self.inner.options.mode, req.mode) {
             (PgMode::Lease, _) => self.acquire_lease(req, deadline).await,
             (PgMode::Advisory, fencelock_core::Mode::Semaphore { .. }) => {
-                let mut backoff =
-                    Backoff::new(Duration::from_millis(2), Duration::from_millis(200));
-                loop {
-                    if let Some(grant) = self.inner.advisory.acquire(req, None).await? {
-                        return Ok(Some(grant));
-                    }
-                    if deadline.is_some_and(|d| Instant::now() >= d) {
-                        return Ok(None);
-                    }
-                    backoff.sleep(deadline, None).await;
-                }
+                let backoff = Backoff::new(Duration::from_millis(2), Duration::from_millis(200));
+                wait_for_grant(deadline, backoff, None, |_| async {
+                    Ok(TryOutcome::from_try(
+                        self.inner.advisory.acquire(req, None).await?,
+                    ))
+                })
+                .await
             }
             (PgMode::Advisory, _) => self.inner.advisory.acquire(req, Some(deadline)).await,
         }

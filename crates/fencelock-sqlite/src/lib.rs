@@ -87,7 +87,7 @@ use std::time::Duration;
 
 use fencelock_core::{
     Backend, Backoff, Capabilities, Error, Grant, Key, LeaseRef, LockInfo, Released, Renewal,
-    Request, Result, async_trait,
+    Request, Result, TryOutcome, async_trait, wait_for_grant,
 };
 use rusqlite::Connection;
 use tokio::sync::Notify;
@@ -295,31 +295,26 @@ impl Backend for SqliteBackend {
     }
 
     async fn acquire(&self, req: &Request, deadline: Option<Instant>) -> Result<Option<Grant>> {
-        let mut backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(50));
-        loop {
-            let released = self.inner.released.notified();
-            tokio::pin!(released);
-            released.as_mut().enable();
-            if let Some(grant) = self.try_acquire(req).await? {
-                return Ok(Some(grant));
-            }
-            // Poll with cheap reads until the lock looks free, then try again.
-            loop {
-                if deadline.is_some_and(|d| Instant::now() >= d) {
-                    return Ok(None);
-                }
-                let r = req.clone();
-                let busy_for = self.with_conn(move |c| store::busy_for(c, &r)).await?;
-                let Some(left) = busy_for else { break };
-                tokio::select! {
-                    _ = &mut released => {
-                        backoff.reset();
-                        break;
+        let backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(50));
+        wait_for_grant(
+            deadline,
+            backoff,
+            Some(&self.inner.released),
+            |fresh| async move {
+                // After a timed wait, a cheap read first: write only once the lock
+                // looks free.
+                if !fresh {
+                    let r = req.clone();
+                    if let Some(left) = self.with_conn(move |c| store::busy_for(c, &r)).await? {
+                        return Ok(TryOutcome::Busy {
+                            retry_in: Some(left),
+                        });
                     }
-                    _ = backoff.sleep(deadline, Some(left)) => {}
                 }
-            }
-        }
+                Ok(TryOutcome::from_try(self.try_acquire(req).await?))
+            },
+        )
+        .await
     }
 
     async fn renew(&self, leases: &[LeaseRef]) -> Result<Vec<Renewal>> {
