@@ -36,6 +36,7 @@ mod backend;
 mod backoff;
 mod capabilities;
 pub mod clock;
+mod driver;
 mod error;
 mod guard;
 mod history;
@@ -62,6 +63,7 @@ pub use backend::{
 };
 pub use backoff::Backoff;
 pub use capabilities::Capabilities;
+pub use driver::{Connecting, Driver, MEMORY_DRIVER};
 pub use error::{Cause, Error, Result, redact_url};
 pub use guard::{Guard, Lease, LostReason, drift_allowance};
 pub use history::{HistorySummary, Hold, Violation, check_history};

@@ -100,6 +100,10 @@ use session::Session;
 
 const NAME: &str = "etcd";
 
+/// How the `fencelock` facade opens this backend from a URL.
+pub const DRIVER: fencelock_core::Driver =
+    fencelock_core::driver!(NAME, ["etcd", "etcds"], EtcdBackend::connect);
+
 /// How often this client looks at its leases' keys for the puts of dropped
 /// acquires that landed after their key's delete.
 const CANCELLED_SWEEP: Duration = Duration::from_secs(1);

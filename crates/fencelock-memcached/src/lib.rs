@@ -75,6 +75,10 @@ use crate::item::{Holder, item_name};
 
 const NAME: &str = "memcached";
 
+/// How the `fencelock` facade opens this backend from a URL.
+pub const DRIVER: fencelock_core::Driver =
+    fencelock_core::driver!(NAME, ["memcached"], MemcachedBackend::connect);
+
 /// The longest relative expiry memcached accepts (larger numbers are Unix times).
 const MAX_EXPIRY_SECS: u64 = 30 * 24 * 3600;
 

@@ -100,6 +100,10 @@ use crate::get_lock::GetLock;
 
 const NAME: &str = "mysql";
 
+/// How the `fencelock` facade opens this backend from a URL.
+pub const DRIVER: fencelock_core::Driver =
+    fencelock_core::driver!(NAME, ["mysql", "mariadb"], MySqlBackend::connect);
+
 /// Locks in MySQL or MariaDB (`mysql://user:password@host:port/db[?mode=lease|get_lock]`).
 /// Clones share the pool and the held sessions.
 #[derive(Clone)]

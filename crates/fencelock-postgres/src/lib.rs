@@ -111,6 +111,10 @@ use crate::listen::Waiters;
 
 const NAME: &str = "postgres";
 
+/// How the `fencelock` facade opens this backend from a URL.
+pub const DRIVER: fencelock_core::Driver =
+    fencelock_core::driver!(NAME, ["postgres", "postgresql"], PostgresBackend::connect);
+
 /// Longest a lease-mode waiter sleeps between checks when no notification comes.
 const MAX_RECHECK: Duration = Duration::from_secs(1);
 

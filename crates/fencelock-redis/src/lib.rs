@@ -137,6 +137,20 @@ pub use options::RedisOptions;
 use options::Target;
 pub use redlock::RedlockBackend;
 
+/// How the `fencelock` facade opens Redis and Redis Cluster from a URL.
+pub const DRIVER: fencelock_core::Driver = fencelock_core::driver!(
+    "redis",
+    ["redis", "rediss", "redis+cluster", "rediss+cluster"],
+    RedisBackend::connect
+);
+
+/// How the `fencelock` facade opens Redlock from a URL.
+pub const REDLOCK_DRIVER: fencelock_core::Driver = fencelock_core::driver!(
+    "redlock",
+    ["redlock", "rediss+redlock"],
+    RedlockBackend::connect
+);
+
 /// The longest a waiter sleeps without re-checking, whatever the holder's TTL.
 const MAX_RECHECK: Duration = Duration::from_secs(5);
 

@@ -97,6 +97,10 @@ pub use options::{SqliteOptions, Synchronous};
 
 const NAME: &str = "sqlite";
 
+/// How the `fencelock` facade opens this backend from a URL.
+pub const DRIVER: fencelock_core::Driver =
+    fencelock_core::driver!(NAME, ["sqlite"], SqliteBackend::connect);
+
 /// Locks in a SQLite file (`sqlite://PATH`). Clones share one connection.
 #[derive(Clone)]
 pub struct SqliteBackend {

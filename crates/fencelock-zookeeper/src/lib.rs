@@ -101,6 +101,10 @@ pub use options::{Writer, ZkOptions};
 
 const NAME: &str = "zookeeper";
 
+/// How the `fencelock` facade opens this backend from a URL.
+pub const DRIVER: fencelock_core::Driver =
+    fencelock_core::driver!(NAME, ["zk"], ZooKeeperBackend::connect);
+
 /// How often this client looks for holds whose TTL ran out unrenewed.
 const JANITOR_TICK: Duration = Duration::from_millis(50);
 

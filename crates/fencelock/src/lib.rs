@@ -64,52 +64,54 @@ pub mod backends {
     pub use fencelock_zookeeper as zookeeper;
 }
 
-/// A scheme, the backend it selects, and the cargo feature that compiles it.
-const SCHEMES: &[(&str, &str, &str)] = &[
-    ("memory", "memory", ""),
-    ("sqlite", "sqlite", "sqlite"),
-    ("redis", "redis", "redis"),
-    ("rediss", "redis", "redis"),
-    ("redis+cluster", "redis", "redis"),
-    ("rediss+cluster", "redis", "redis"),
-    ("redlock", "redlock", "redis"),
-    ("rediss+redlock", "redlock", "redis"),
-    ("zk", "zookeeper", "zookeeper"),
-    ("etcd", "etcd", "etcd"),
-    ("etcds", "etcd", "etcd-tls"),
-    ("postgres", "postgres", "postgres"),
-    ("postgresql", "postgres", "postgres"),
-    ("mysql", "mysql", "mysql"),
-    ("mariadb", "mysql", "mysql"),
-    ("memcached", "memcached", "memcached"),
+/// The drivers compiled into this build: one line per backend crate, gated
+/// by its cargo feature. Adding a backend is adding its line here (and its
+/// schemes and feature to `KNOWN`).
+fn drivers() -> Vec<Driver> {
+    vec![
+        MEMORY_DRIVER,
+        #[cfg(feature = "sqlite")]
+        fencelock_sqlite::DRIVER,
+        #[cfg(feature = "redis")]
+        fencelock_redis::DRIVER,
+        #[cfg(feature = "redis")]
+        fencelock_redis::REDLOCK_DRIVER,
+        #[cfg(feature = "zookeeper")]
+        fencelock_zookeeper::DRIVER,
+        #[cfg(feature = "etcd")]
+        fencelock_etcd::DRIVER,
+        #[cfg(feature = "postgres")]
+        fencelock_postgres::DRIVER,
+        #[cfg(feature = "mysql")]
+        fencelock_mysql::DRIVER,
+        #[cfg(feature = "memcached")]
+        fencelock_memcached::DRIVER,
+    ]
+}
+
+/// Every backend, compiled in or not: its schemes and the cargo feature that
+/// compiles it, so that a URL of a backend left out names the feature. (A
+/// test checks it against the drivers of a build with every feature.)
+const KNOWN: &[(&str, &[&str], &str)] = &[
+    ("memory", &["memory"], ""),
+    ("sqlite", &["sqlite"], "sqlite"),
+    (
+        "redis",
+        &["redis", "rediss", "redis+cluster", "rediss+cluster"],
+        "redis",
+    ),
+    ("redlock", &["redlock", "rediss+redlock"], "redis"),
+    ("zookeeper", &["zk"], "zookeeper"),
+    ("etcd", &["etcd"], "etcd"),
+    ("etcd", &["etcds"], "etcd-tls"),
+    ("postgres", &["postgres", "postgresql"], "postgres"),
+    ("mysql", &["mysql", "mariadb"], "mysql"),
+    ("memcached", &["memcached"], "memcached"),
 ];
 
 /// The backends compiled into this build, by name.
 pub fn compiled_backends() -> Vec<&'static str> {
-    let mut v = vec!["memory"];
-    if cfg!(feature = "sqlite") {
-        v.push("sqlite");
-    }
-    if cfg!(feature = "redis") {
-        v.push("redis");
-        v.push("redlock");
-    }
-    if cfg!(feature = "zookeeper") {
-        v.push("zookeeper");
-    }
-    if cfg!(feature = "etcd") {
-        v.push("etcd");
-    }
-    if cfg!(feature = "postgres") {
-        v.push("postgres");
-    }
-    if cfg!(feature = "mysql") {
-        v.push("mysql");
-    }
-    if cfg!(feature = "memcached") {
-        v.push("memcached");
-    }
-    v
+    drivers().iter().map(|d| d.name).collect()
 }
 
 /// The URL of the embedded default: the SQLite file of
@@ -125,63 +127,39 @@ pub const DEFAULT_URL: &str = "sqlite://";
 /// backend (with passwords redacted).
 pub async fn connect_backend(url: &str) -> Result<Arc<dyn Backend>> {
     let url = url.trim();
-    let Some((scheme, rest)) = url.split_once("://") else {
+    let Some((scheme, _)) = url.split_once("://") else {
         return Err(Error::config(format!(
             "backend URL {:?} has no scheme; write SCHEME://…, e.g. sqlite:///tmp/locks.db or memory://",
             redact_url(url)
         )));
     };
     let scheme = scheme.to_ascii_lowercase();
-    match scheme.as_str() {
-        "memory" => {
-            if rest.contains('?') {
-                return Err(Error::config("memory:// takes no options"));
-            }
-            Ok(Arc::new(MemoryBackend::named(rest)))
-        }
-        #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => {
-            Ok(Arc::new(fencelock_redis::RedisBackend::connect(url).await?))
-        }
-        #[cfg(feature = "redis")]
-        "redlock" | "rediss+redlock" => Ok(Arc::new(
-            fencelock_redis::RedlockBackend::connect(url).await?,
-        )),
-        #[cfg(feature = "zookeeper")]
-        "zk" => Ok(Arc::new(
-            fencelock_zookeeper::ZooKeeperBackend::connect(url).await?,
-        )),
-        #[cfg(feature = "etcd")]
-        "etcd" | "etcds" => Ok(Arc::new(fencelock_etcd::EtcdBackend::connect(url).await?)),
-        #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => Ok(Arc::new(
-            fencelock_postgres::PostgresBackend::connect(url).await?,
-        )),
-        #[cfg(feature = "memcached")]
-        "memcached" => Ok(Arc::new(
-            fencelock_memcached::MemcachedBackend::connect(url).await?,
-        )),
-        #[cfg(feature = "mysql")]
-        "mysql" | "mariadb" => Ok(Arc::new(fencelock_mysql::MySqlBackend::connect(url).await?)),
-        #[cfg(feature = "sqlite")]
-        "sqlite" => Ok(Arc::new(
-            fencelock_sqlite::SqliteBackend::connect(url).await?,
-        )),
-        _ => Err(match SCHEMES.iter().find(|(s, _, _)| *s == scheme) {
-            Some((_, backend, feature)) => Error::config(format!(
+    if let Some(driver) = drivers()
+        .into_iter()
+        .find(|d| d.schemes.contains(&scheme.as_str()))
+    {
+        return (driver.connect)(url).await;
+    }
+    Err(
+        match KNOWN
+            .iter()
+            .find(|(_, schemes, _)| schemes.contains(&scheme.as_str()))
+        {
+            Some((backend, _, feature)) => Error::config(format!(
                 "the {backend} backend ({scheme}://) is not compiled into this build; enable the cargo feature `{feature}` of the fencelock crate"
             )),
             None => Error::config(format!(
                 "unknown backend scheme {scheme:?} in {:?}; known schemes: {}",
                 redact_url(url),
-                SCHEMES
+                KNOWN
                     .iter()
-                    .map(|(s, _, _)| format!("{s}://"))
+                    .flat_map(|(_, schemes, _)| schemes.iter())
+                    .map(|s| format!("{s}://"))
                     .collect::<Vec<_>>()
                     .join(", ")
             )),
-        }),
-    }
+        },
+    )
 }
 
 /// A [`fencelock_core::Locker`] that can also be opened from a URL.
@@ -232,6 +210,36 @@ impl From<fencelock_core::Locker> for Locker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_compiled_driver_is_in_the_table_of_known_backends() {
+        let known = |name: &str| -> Vec<&str> {
+            KNOWN
+                .iter()
+                .filter(|(n, ..)| *n == name)
+                .flat_map(|(_, schemes, _)| schemes.iter().copied())
+                .collect()
+        };
+        for d in drivers() {
+            assert_eq!(known(d.name), d.schemes, "{d:?}");
+        }
+        if cfg!(all(
+            feature = "sqlite",
+            feature = "redis",
+            feature = "zookeeper",
+            feature = "etcd",
+            feature = "postgres",
+            feature = "mysql",
+            feature = "memcached"
+        )) {
+            for (name, ..) in KNOWN {
+                assert!(
+                    drivers().iter().any(|d| d.name == *name),
+                    "no driver for {name}"
+                );
+            }
+        }
+    }
 
     #[tokio::test]
     async fn unknown_and_missing_schemes_are_named() {
