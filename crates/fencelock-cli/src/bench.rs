@@ -287,7 +287,7 @@ async fn run_one(
         .then(|| samples.order.windows(2).filter(|w| w[0] != w[1]).count());
     RunResult {
         backend,
-        url: fencelock::redact_url(url),
+        url: fencelock::backend::redact_url(url),
         scenario: name,
         workers,
         processes,

@@ -40,7 +40,8 @@ pub enum Admission {
 /// # Examples
 ///
 /// ```
-/// use fencelock_core::{admit, Admission, Mode};
+/// use fencelock_core::{Mode};
+/// use fencelock_core::backend::{admit, Admission};
 ///
 /// let holders = [("a", Mode::Shared), ("b", Mode::Shared)];
 /// assert_eq!(admit("k", holders, "c", Mode::Shared)?, Admission::Grant);

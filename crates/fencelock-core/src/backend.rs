@@ -1,16 +1,31 @@
-//! The trait every backend implements, and the values that cross it.
+//! What a backend crate needs: the [`Backend`] trait and the values that
+//! cross it, and the toolkit every backend uses — [`BackendUrl`] (the URL
+//! parser), [`wait_for_grant`] (the wait loop), [`SessionHolds`] (holds of
+//! session-bound backends), [`admit`] (who may hold with whom), [`Backoff`],
+//! [`Driver`] (how the facade opens the backend) and the rest.
+//!
+//! A user of locks needs none of this but [`Backend`] itself (re-exported at
+//! the crate's root).
 
 use std::time::{Duration, SystemTime};
 
-use async_trait::async_trait;
 use tokio::time::Instant;
 
-use crate::backoff::Backoff;
-use crate::capabilities::Capabilities;
+pub use crate::admission::{Admission, admit};
+pub use crate::backoff::Backoff;
+pub use crate::capabilities::Capabilities;
+pub use crate::driver::{Connecting, Driver, MEMORY_DRIVER};
+pub use crate::error::redact_url;
 use crate::error::{Error, Result};
+pub use crate::guard::drift_allowance;
 use crate::key::{Key, Owner};
 use crate::mode::Mode;
+pub use crate::queue_rule::{QueueRole, QueueWait, queue_blocker};
+pub use crate::session_holds::{LastHold, SessionHolds, SessionWatch, lease_start};
 use crate::token::FencingToken;
+pub use crate::url::BackendUrl;
+pub use crate::wait::{TryOutcome, wait_for_grant};
+pub use async_trait::async_trait;
 
 /// One request to acquire a lock.
 #[derive(Debug, Clone)]
@@ -239,7 +254,8 @@ impl LockInfo {
 ///
 /// ```
 /// use std::time::Duration;
-/// use fencelock_core::{Backend, Key, MemoryBackend, Mode, Owner, Request};
+/// use fencelock_core::{Backend, Key, MemoryBackend, Mode, Owner};
+/// use fencelock_core::backend::{Request};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> fencelock_core::Result<()> {
 /// let backend = MemoryBackend::new();

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 ///
 /// ```
 /// use std::time::Duration;
-/// use fencelock_core::Backoff;
+/// use fencelock_core::backend::Backoff;
 ///
 /// let mut b = Backoff::new(Duration::from_millis(1), Duration::from_millis(50));
 /// for _ in 0..20 {

@@ -19,7 +19,7 @@ pub type Connecting<'a> = Pin<Box<dyn Future<Output = Result<Arc<dyn Backend>>> 
 /// # Examples
 ///
 /// ```
-/// use fencelock_core::MEMORY_DRIVER;
+/// use fencelock_core::backend::MEMORY_DRIVER;
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> fencelock_core::Result<()> {
 /// assert!(MEMORY_DRIVER.schemes.contains(&"memory"));
@@ -68,20 +68,20 @@ fn connect_memory(url: &str) -> Connecting<'_> {
 /// `async fn` returning `Result<Self>`.
 ///
 /// ```ignore
-/// pub const DRIVER: fencelock_core::Driver =
+/// pub const DRIVER: fencelock_core::backend::Driver =
 ///     fencelock_core::driver!("sqlite", ["sqlite"], SqliteBackend::connect);
 /// ```
 #[macro_export]
 macro_rules! driver {
     ($name:expr, [$($scheme:literal),+ $(,)?], $connect:path) => {
-        $crate::Driver {
+        $crate::backend::Driver {
             name: $name,
             schemes: &[$($scheme),+],
             connect: {
-                fn connect(url: &str) -> $crate::Connecting<'_> {
+                fn connect(url: &str) -> $crate::backend::Connecting<'_> {
                     ::std::boxed::Box::pin(async move {
                         let backend = $connect(url).await?;
-                        Ok(::std::sync::Arc::new(backend) as ::std::sync::Arc<dyn $crate::Backend>)
+                        Ok(::std::sync::Arc::new(backend) as ::std::sync::Arc<dyn $crate::backend::Backend>)
                     })
                 }
                 connect

@@ -236,7 +236,7 @@ pub(crate) fn humanize(d: Duration) -> String {
 /// # Examples
 ///
 /// ```
-/// use fencelock_core::redact_url;
+/// use fencelock_core::backend::redact_url;
 ///
 /// assert_eq!(
 ///     redact_url("postgres://app:s3cret@db:5432/x?sslmode=require"),

@@ -72,7 +72,7 @@ pub(crate) type StateCell = Arc<watch::Sender<LeaseState>>;
 ///
 /// ```
 /// use std::time::Duration;
-/// use fencelock_core::drift_allowance;
+/// use fencelock_core::backend::drift_allowance;
 ///
 /// assert_eq!(drift_allowance(Duration::from_secs(30)), Duration::from_millis(302));
 /// ```

@@ -3,7 +3,9 @@
 //!
 //! Most users depend on the `fencelock` facade crate, which re-exports all of
 //! this and adds `Locker::connect(url)` for every backend compiled in. Backend
-//! crates depend on this crate only.
+//! crates depend on this crate only: what they need beyond the user's API
+//! (the [`Backend`] trait's types, the URL parser, the wait loop, session
+//! bookkeeping, the driver) is in [`backend`].
 //!
 //! # The contract
 //!
@@ -32,7 +34,7 @@
 #![warn(missing_docs)]
 
 mod admission;
-mod backend;
+pub mod backend;
 mod backoff;
 mod capabilities;
 pub mod clock;
@@ -56,24 +58,14 @@ mod url;
 mod wait;
 mod watchdog;
 
-pub use admission::{Admission, admit};
-pub use async_trait::async_trait;
-pub use backend::{
-    Backend, Grant, HolderInfo, LeaseRef, LockInfo, Released, Renewal, Request, unix_millis,
-};
-pub use backoff::Backoff;
+pub use backend::{Backend, HolderInfo, LockInfo};
 pub use capabilities::Capabilities;
-pub use driver::{Connecting, Driver, MEMORY_DRIVER};
-pub use error::{Cause, Error, Result, redact_url};
-pub use guard::{Guard, Lease, LostReason, drift_allowance};
+pub use error::{Cause, Error, Result};
+pub use guard::{Guard, Lease, LostReason};
 pub use history::{HistorySummary, Hold, Violation, check_history};
 pub use key::{Key, MAX_KEY_BYTES, Owner};
 pub use locker::{DEFAULT_TTL, LockBuilder, Locker, MIN_TTL};
 pub use memory::MemoryBackend;
 pub use mode::Mode;
 pub use multi::{MultiGuard, MultiLockBuilder};
-pub use queue_rule::{QueueRole, QueueWait, queue_blocker};
-pub use session_holds::{LastHold, SessionHolds, SessionWatch, lease_start};
 pub use token::FencingToken;
-pub use url::BackendUrl;
-pub use wait::{TryOutcome, wait_for_grant};

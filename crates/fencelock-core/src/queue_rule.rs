@@ -5,7 +5,7 @@
 //! # Examples
 //!
 //! ```
-//! use fencelock_core::{QueueRole, QueueWait, queue_blocker};
+//! use fencelock_core::backend::{QueueRole, QueueWait, queue_blocker};
 //!
 //! // Two readers, then a writer, then a reader: the readers ahead hold; the
 //! // writer waits for the reader just before it; the last reader for the writer.

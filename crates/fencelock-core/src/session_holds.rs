@@ -10,7 +10,8 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use fencelock_core::{Key, LeaseRef, Mode, Owner, Renewal, Request, SessionHolds};
+//! use fencelock_core::{Key, Mode, Owner};
+//! use fencelock_core::backend::{LeaseRef, Renewal, Request, SessionHolds};
 //! use tokio::time::Instant;
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> fencelock_core::Result<()> {

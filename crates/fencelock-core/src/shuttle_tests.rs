@@ -40,7 +40,7 @@ const ENDING_TURNS: usize = 40;
 /// every request arrives, and before a release's reply arrives.
 struct Link(MemoryBackend);
 
-#[crate::async_trait]
+#[crate::backend::async_trait]
 impl Backend for Link {
     fn name(&self) -> &'static str {
         "link"

@@ -23,7 +23,7 @@ use crate::error::{Error, Result, redact_url};
 ///
 /// ```
 /// use std::time::Duration;
-/// use fencelock_core::BackendUrl;
+/// use fencelock_core::backend::BackendUrl;
 ///
 /// let mut url = BackendUrl::parse("etcd", "etcd://app:p%40ss@h1:2379,h2?ttl=5s&pool=4", &["etcd"])?;
 /// assert_eq!(url.password(), Some("p@ss"));

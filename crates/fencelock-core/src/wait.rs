@@ -64,7 +64,8 @@ impl TryOutcome {
 ///
 /// ```
 /// use std::time::Duration;
-/// use fencelock_core::{Backoff, Backend, Key, MemoryBackend, Mode, Owner, Request, TryOutcome, wait_for_grant};
+/// use fencelock_core::{Backend, Key, MemoryBackend, Mode, Owner};
+/// use fencelock_core::backend::{Backoff, Request, TryOutcome, wait_for_grant};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> fencelock_core::Result<()> {
 /// let backend = MemoryBackend::new();

@@ -2,7 +2,8 @@
 
 use std::sync::Arc;
 
-use fencelock_core::{Backend, Key, MemoryBackend, Result, async_trait};
+use fencelock_core::backend::async_trait;
+use fencelock_core::{Backend, Key, MemoryBackend, Result};
 use fencelock_testkit::Harness;
 
 struct Memory(MemoryBackend);

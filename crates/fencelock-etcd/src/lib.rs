@@ -88,9 +88,11 @@ use etcd_client::{
     LeaseTimeToLiveOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
     WatchFilterType, WatchOptions, WatchStream,
 };
+use fencelock_core::backend::{
+    Grant, LeaseRef, QueueRole, Released, Renewal, Request, async_trait, redact_url,
+};
 use fencelock_core::{
-    Backend, Capabilities, Error, FencingToken, Grant, HolderInfo, Key, LeaseRef, LockInfo, Mode,
-    Owner, QueueRole, Released, Renewal, Request, Result, async_trait, redact_url,
+    Backend, Capabilities, Error, FencingToken, HolderInfo, Key, LockInfo, Mode, Owner, Result,
 };
 use tokio::time::Instant;
 
@@ -101,7 +103,7 @@ use session::Session;
 const NAME: &str = "etcd";
 
 /// How the `fencelock` facade opens this backend from a URL.
-pub const DRIVER: fencelock_core::Driver =
+pub const DRIVER: fencelock_core::backend::Driver =
     fencelock_core::driver!(NAME, ["etcd", "etcds"], EtcdBackend::connect);
 
 /// How often this client looks at its leases' keys for the puts of dropped

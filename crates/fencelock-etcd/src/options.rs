@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use fencelock_core::{BackendUrl, Error, Result};
+use fencelock_core::backend::BackendUrl;
+use fencelock_core::{Error, Result};
 
 /// Options of [`EtcdBackend`](crate::EtcdBackend), from the URL query.
 ///

@@ -1,7 +1,8 @@
 //! The queue of one lock: its nodes (the keys under `<prefix><key>/`) in
 //! create-revision order, what each stands for, and whom a waiter waits for.
 
-use fencelock_core::{Mode, Owner, QueueRole, QueueWait, queue_blocker};
+use fencelock_core::backend::{QueueRole, QueueWait, queue_blocker};
+use fencelock_core::{Mode, Owner};
 
 /// Marks a node value written by fencelock: `fencelock1 <kind> <owner>`.
 const TAG: &str = "fencelock1";

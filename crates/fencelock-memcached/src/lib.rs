@@ -62,10 +62,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_memcached::{Client, MetaProtocol, Status};
-use fencelock_core::{
-    Backend, Backoff, Capabilities, Error, Grant, HolderInfo, Key, LeaseRef, LockInfo, Mode,
-    Released, Renewal, Request, Result, TryOutcome, async_trait, wait_for_grant,
+use fencelock_core::backend::{
+    Backoff, Grant, LeaseRef, Released, Renewal, Request, TryOutcome, async_trait, wait_for_grant,
 };
+use fencelock_core::{Backend, Capabilities, Error, HolderInfo, Key, LockInfo, Mode, Result};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -76,7 +76,7 @@ use crate::item::{Holder, item_name};
 const NAME: &str = "memcached";
 
 /// How the `fencelock` facade opens this backend from a URL.
-pub const DRIVER: fencelock_core::Driver =
+pub const DRIVER: fencelock_core::backend::Driver =
     fencelock_core::driver!(NAME, ["memcached"], MemcachedBackend::connect);
 
 /// The longest relative expiry memcached accepts (larger numbers are Unix times).

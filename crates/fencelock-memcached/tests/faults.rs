@@ -5,10 +5,8 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use fencelock_core::{
-    Backend, Error, FencingToken, Key, LeaseRef, Locker, LostReason, Mode, Owner, Renewal, Request,
-    Result, async_trait,
-};
+use fencelock_core::backend::{LeaseRef, Renewal, Request, async_trait};
+use fencelock_core::{Backend, Error, FencingToken, Key, Locker, LostReason, Mode, Owner, Result};
 use fencelock_memcached::MemcachedBackend;
 use fencelock_testkit::faults::{self, FaultHarness};
 use fencelock_testkit::{ServerProcess, free_port};

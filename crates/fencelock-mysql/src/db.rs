@@ -1,6 +1,7 @@
 //! The pool, its address for messages, and the mapping of driver errors.
 
-use fencelock_core::{Error, redact_url};
+use fencelock_core::Error;
+use fencelock_core::backend::redact_url;
 use sqlx::MySqlPool;
 
 use crate::NAME;

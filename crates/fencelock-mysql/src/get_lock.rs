@@ -30,10 +30,10 @@
 
 use std::time::Duration;
 
-use fencelock_core::{
-    Backoff, Error, FencingToken, Grant, HolderInfo, Key, LeaseRef, LockInfo, Mode, Released,
-    Renewal, Request, Result, SessionHolds, lease_start,
+use fencelock_core::backend::{
+    Backoff, Grant, LeaseRef, Released, Renewal, Request, SessionHolds, lease_start,
 };
+use fencelock_core::{Error, FencingToken, HolderInfo, Key, LockInfo, Mode, Result};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use sqlx::{Connection, Row};
 use tokio::time::Instant;
@@ -763,7 +763,7 @@ pub(crate) async fn known_keys(db: &Db, prefix: &str) -> Result<Vec<String>> {
 /// (a restart or crash ends every session at once), the holds' sessions are
 /// pinged at once, so their `lost()` fires before another client can be
 /// granted the lock on the restarted server — not at their next renewal.
-async fn watch_server(options: MySqlConnectOptions, watch: fencelock_core::SessionWatch) {
+async fn watch_server(options: MySqlConnectOptions, watch: fencelock_core::backend::SessionWatch) {
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
     while watch.alive() {
         let Ok(mut conn) = MySqlConnection::connect_with(&options).await else {

@@ -9,10 +9,8 @@
 
 use std::time::Duration;
 
-use fencelock_core::{
-    Admission, Error, FencingToken, HolderInfo, Key, LeaseRef, LockInfo, Mode, Released, Renewal,
-    Request, Result, admit,
-};
+use fencelock_core::backend::{Admission, LeaseRef, Released, Renewal, Request, admit};
+use fencelock_core::{Error, FencingToken, HolderInfo, Key, LockInfo, Mode, Result};
 use sqlx::{MySqlConnection, Row};
 
 use crate::NAME;

@@ -85,10 +85,10 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fencelock_core::{
-    Backend, Backoff, Capabilities, Error, FencingToken, Grant, Key, LeaseRef, LockInfo, Mode,
-    Released, Renewal, Request, Result, TryOutcome, async_trait, wait_for_grant,
+use fencelock_core::backend::{
+    Backoff, Grant, LeaseRef, Released, Renewal, Request, TryOutcome, async_trait, wait_for_grant,
 };
+use fencelock_core::{Backend, Capabilities, Error, FencingToken, Key, LockInfo, Mode, Result};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -101,7 +101,7 @@ use crate::get_lock::GetLock;
 const NAME: &str = "mysql";
 
 /// How the `fencelock` facade opens this backend from a URL.
-pub const DRIVER: fencelock_core::Driver =
+pub const DRIVER: fencelock_core::backend::Driver =
     fencelock_core::driver!(NAME, ["mysql", "mariadb"], MySqlBackend::connect);
 
 /// Locks in MySQL or MariaDB (`mysql://user:password@host:port/db[?mode=lease|get_lock]`).
@@ -149,7 +149,7 @@ impl MySqlBackend {
             })
             .connect_with(connect.clone())
             .await
-            .map_err(|e| db::map_err(&fencelock_core::redact_url(url), e))?;
+            .map_err(|e| db::map_err(&fencelock_core::backend::redact_url(url), e))?;
         let db = Db::new(pool, url);
         sqlx::query(lease::SCHEMA)
             .execute(&db.pool)

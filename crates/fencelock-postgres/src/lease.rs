@@ -4,10 +4,8 @@
 
 use std::time::Duration;
 
-use fencelock_core::{
-    Error, FencingToken, HolderInfo, Key, LeaseRef, LockInfo, Mode, Released, Renewal, Request,
-    Result,
-};
+use fencelock_core::backend::{LeaseRef, Released, Renewal, Request};
+use fencelock_core::{Error, FencingToken, HolderInfo, Key, LockInfo, Mode, Result};
 use sqlx::Row;
 
 use crate::NAME;

@@ -95,10 +95,10 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fencelock_core::{
-    Backend, Backoff, Capabilities, Error, FencingToken, Grant, Key, LeaseRef, LockInfo, Released,
-    Renewal, Request, Result, TryOutcome, async_trait, wait_for_grant,
+use fencelock_core::backend::{
+    Backoff, Grant, LeaseRef, Released, Renewal, Request, TryOutcome, async_trait, wait_for_grant,
 };
+use fencelock_core::{Backend, Capabilities, Error, FencingToken, Key, LockInfo, Result};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
@@ -112,7 +112,7 @@ use crate::listen::Waiters;
 const NAME: &str = "postgres";
 
 /// How the `fencelock` facade opens this backend from a URL.
-pub const DRIVER: fencelock_core::Driver =
+pub const DRIVER: fencelock_core::backend::Driver =
     fencelock_core::driver!(NAME, ["postgres", "postgresql"], PostgresBackend::connect);
 
 /// Longest a lease-mode waiter sleeps between checks when no notification comes.
@@ -155,7 +155,7 @@ impl PostgresBackend {
             .test_before_acquire(false)
             .connect_with(connect.clone())
             .await
-            .map_err(|e| db::map_err(&fencelock_core::redact_url(url), e))?;
+            .map_err(|e| db::map_err(&fencelock_core::backend::redact_url(url), e))?;
         let db = Db::new(pool, url);
         lease::create_schema(&db).await?;
         let advisory = Advisory::new(connect.clone(), db.addr.clone(), options.pool as usize);

@@ -3,7 +3,8 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use fencelock_core::{BackendUrl, Result};
+use fencelock_core::Result;
+use fencelock_core::backend::BackendUrl;
 
 /// How locks are kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use fencelock_core::{Error, Result, redact_url};
+use fencelock_core::backend::redact_url;
+use fencelock_core::{Error, Result};
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{

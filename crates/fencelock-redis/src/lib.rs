@@ -126,10 +126,8 @@ mod subs;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fencelock_core::{
-    Backend, Capabilities, Error, FencingToken, Grant, Key, LeaseRef, LockInfo, Released, Renewal,
-    Request, Result, async_trait,
-};
+use fencelock_core::backend::{Grant, LeaseRef, Released, Renewal, Request, async_trait};
+use fencelock_core::{Backend, Capabilities, Error, FencingToken, Key, LockInfo, Result};
 use tokio::time::Instant;
 
 use node::{Attempt, NAME, Node, Op};
@@ -138,14 +136,14 @@ use options::Target;
 pub use redlock::RedlockBackend;
 
 /// How the `fencelock` facade opens Redis and Redis Cluster from a URL.
-pub const DRIVER: fencelock_core::Driver = fencelock_core::driver!(
+pub const DRIVER: fencelock_core::backend::Driver = fencelock_core::driver!(
     "redis",
     ["redis", "rediss", "redis+cluster", "rediss+cluster"],
     RedisBackend::connect
 );
 
 /// How the `fencelock` facade opens Redlock from a URL.
-pub const REDLOCK_DRIVER: fencelock_core::Driver = fencelock_core::driver!(
+pub const REDLOCK_DRIVER: fencelock_core::backend::Driver = fencelock_core::driver!(
     "redlock",
     ["redlock", "rediss+redlock"],
     RedlockBackend::connect

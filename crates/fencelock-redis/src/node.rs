@@ -6,9 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use fencelock_core::{
-    Error, FencingToken, HolderInfo, Key, LeaseRef, LockInfo, Mode, Request, Result, redact_url,
-};
+use fencelock_core::backend::{LeaseRef, Request, redact_url};
+use fencelock_core::{Error, FencingToken, HolderInfo, Key, LockInfo, Mode, Result};
 use redis::Value;
 
 use crate::conn::{Conn, map_err};

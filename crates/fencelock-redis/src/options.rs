@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use fencelock_core::{BackendUrl, Error, Result};
+use fencelock_core::backend::BackendUrl;
+use fencelock_core::{Error, Result};
 
 /// Options of [`RedisBackend`](crate::RedisBackend), from the URL query or a builder.
 ///

@@ -115,9 +115,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use fencelock_core::backend::{
+    BackendUrl, Grant, LeaseRef, Released, Renewal, Request, async_trait, drift_allowance,
+    redact_url,
+};
 use fencelock_core::{
-    Backend, BackendUrl, Capabilities, Error, FencingToken, Grant, HolderInfo, Key, LeaseRef,
-    LockInfo, Released, Renewal, Request, Result, async_trait, drift_allowance, redact_url,
+    Backend, Capabilities, Error, FencingToken, HolderInfo, Key, LockInfo, Result,
 };
 use futures::future::join_all;
 use tokio::sync::OnceCell;

@@ -5,7 +5,8 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use fencelock_core::{Backend, Key, LeaseRef, Locker, Mode, Owner, Request};
+use fencelock_core::backend::{LeaseRef, Request};
+use fencelock_core::{Backend, Key, Locker, Mode, Owner};
 use fencelock_redis::RedisBackend;
 use support::{PrivateCluster, direct};
 

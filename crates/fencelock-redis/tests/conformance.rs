@@ -3,7 +3,8 @@
 
 use std::sync::Arc;
 
-use fencelock_core::{Backend, Key, Result, async_trait};
+use fencelock_core::backend::async_trait;
+use fencelock_core::{Backend, Key, Result};
 use fencelock_redis::RedisBackend;
 use fencelock_testkit::{Harness, conformance_tests};
 
@@ -41,7 +42,8 @@ mod cluster {
 mod redlock {
     use std::sync::Arc;
 
-    use fencelock_core::{Backend, Key, Result, async_trait};
+    use fencelock_core::backend::async_trait;
+    use fencelock_core::{Backend, Key, Result};
     use fencelock_redis::RedlockBackend;
     use fencelock_testkit::{Harness, conformance_tests};
 

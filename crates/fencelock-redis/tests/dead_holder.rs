@@ -3,7 +3,8 @@
 //! after about its own TTL, and a SIGSTOPped one loses it, with its stale
 //! fenced write rejected.
 
-use fencelock_core::{FencingToken, Locker, Result, async_trait};
+use fencelock_core::backend::async_trait;
+use fencelock_core::{FencingToken, Locker, Result};
 use fencelock_redis::{RedisBackend, RedlockBackend};
 use fencelock_testkit::faults::{self, FaultHarness};
 

@@ -5,7 +5,8 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fencelock_core::{Backend, Error, Key, LeaseRef, Locker, LostReason, Mode, Owner, Request};
+use fencelock_core::backend::{LeaseRef, Request};
+use fencelock_core::{Backend, Error, Key, Locker, LostReason, Mode, Owner};
 use fencelock_redis::RedisBackend;
 use fencelock_testkit::{FaultProxy, ServerProcess, free_port};
 

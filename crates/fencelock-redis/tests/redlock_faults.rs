@@ -5,9 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use fencelock_core::{
-    Backend, Error, Hold, Key, LeaseRef, Locker, LostReason, Mode, Owner, Request, check_history,
-};
+use fencelock_core::backend::{LeaseRef, Request};
+use fencelock_core::{Backend, Error, Hold, Key, Locker, LostReason, Mode, Owner, check_history};
 use fencelock_redis::{RedisBackend, RedlockBackend};
 use fencelock_testkit::{FaultProxy, ServerProcess, free_port};
 
@@ -712,7 +711,7 @@ async fn a_reentrant_acquire_that_an_instance_grants_anew_takes_the_larger_token
 
 /// Tries `req` on `backend` until granted (instances that were cut rejoin
 /// after their connections come back); panics after 20 tries.
-async fn granted(backend: &RedlockBackend, req: &Request) -> fencelock_core::Grant {
+async fn granted(backend: &RedlockBackend, req: &Request) -> fencelock_core::backend::Grant {
     for _ in 0..20 {
         if let Ok(Some(g)) = backend.try_acquire(req).await {
             return g;

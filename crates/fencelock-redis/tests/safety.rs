@@ -9,7 +9,8 @@ mod support;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use fencelock_core::{Backend, Error, Key, LeaseRef, Locker, Mode, Owner, Request};
+use fencelock_core::backend::{LeaseRef, Request};
+use fencelock_core::{Backend, Error, Key, Locker, Mode, Owner};
 use fencelock_redis::RedisBackend;
 use fencelock_testkit::{FaultProxy, ServerProcess, free_port};
 use support::redis_on;

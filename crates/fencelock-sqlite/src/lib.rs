@@ -85,10 +85,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fencelock_core::{
-    Backend, Backoff, Capabilities, Error, Grant, Key, LeaseRef, LockInfo, Released, Renewal,
-    Request, Result, TryOutcome, async_trait, wait_for_grant,
+use fencelock_core::backend::{
+    Backoff, Grant, LeaseRef, Released, Renewal, Request, TryOutcome, async_trait, wait_for_grant,
 };
+use fencelock_core::{Backend, Capabilities, Error, Key, LockInfo, Result};
 use rusqlite::Connection;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -98,7 +98,7 @@ pub use options::{SqliteOptions, Synchronous};
 const NAME: &str = "sqlite";
 
 /// How the `fencelock` facade opens this backend from a URL.
-pub const DRIVER: fencelock_core::Driver =
+pub const DRIVER: fencelock_core::backend::Driver =
     fencelock_core::driver!(NAME, ["sqlite"], SqliteBackend::connect);
 
 /// Locks in a SQLite file (`sqlite://PATH`). Clones share one connection.

@@ -3,7 +3,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use fencelock_core::{BackendUrl, Result};
+use fencelock_core::Result;
+use fencelock_core::backend::BackendUrl;
 
 /// How hard SQLite flushes commits to disk (`PRAGMA synchronous`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

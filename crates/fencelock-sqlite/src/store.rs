@@ -4,10 +4,10 @@
 use std::path::Path;
 use std::time::Duration;
 
-use fencelock_core::{
-    Admission, Error, FencingToken, HolderInfo, Key, LeaseRef, LockInfo, Mode, Released, Renewal,
-    Request, Result, admit, unix_millis,
+use fencelock_core::backend::{
+    Admission, LeaseRef, Released, Renewal, Request, admit, unix_millis,
 };
+use fencelock_core::{Error, FencingToken, HolderInfo, Key, LockInfo, Mode, Result};
 use rusqlite::{
     Connection, OpenFlags, OptionalExtension, Transaction, TransactionBehavior, params,
 };

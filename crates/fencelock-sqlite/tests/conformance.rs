@@ -3,7 +3,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use fencelock_core::{Backend, Key, Result, async_trait};
+use fencelock_core::backend::async_trait;
+use fencelock_core::{Backend, Key, Result};
 use fencelock_sqlite::SqliteBackend;
 use fencelock_testkit::{Harness, conformance_tests};
 

@@ -8,9 +8,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use fencelock_core::backend::async_trait;
 use fencelock_core::{
     Backend, Capabilities, Error, Guard, Hold, Key, Locker, LostReason, Mode, Owner, Result,
-    async_trait, check_history,
+    check_history,
 };
 use tokio::time::Instant;
 
@@ -25,7 +26,8 @@ use crate::flaky::FlakyBackend;
 ///
 /// ```no_run
 /// use std::sync::Arc;
-/// use fencelock_core::{async_trait, Backend, Key, MemoryBackend, Result};
+/// use fencelock_core::{Backend, Key, MemoryBackend, Result};
+/// use fencelock_core::backend::{async_trait};
 /// use fencelock_testkit::{Harness, run_conformance};
 ///
 /// struct Memory(MemoryBackend);
@@ -655,7 +657,7 @@ async fn repeated_request_is_idempotent(cx: &Ctx) -> CaseResult {
     let (a, b) = (cx.locker().await?, cx.locker().await?);
     let key = Key::new(cx.key("k"))?;
     // What a retry after a lost reply sends: the same default-owner request again.
-    let req = fencelock_core::Request::new(
+    let req = fencelock_core::backend::Request::new(
         key.clone(),
         Owner::new("retrying-owner")?,
         Mode::Exclusive,
@@ -683,7 +685,7 @@ async fn repeated_request_is_idempotent(cx: &Ctx) -> CaseResult {
         "a repeated request added a hold ({} holds)",
         again.holds
     );
-    let lease = fencelock_core::LeaseRef::new(&req, &first);
+    let lease = fencelock_core::backend::LeaseRef::new(&req, &first);
     let released = a.backend().release(&lease).await?;
     ensure!(
         released.remaining == 0,

@@ -10,8 +10,9 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use fencelock_core::backend::async_trait;
 use fencelock_core::clock::shift_wall_clock_for_tests;
-use fencelock_core::{Error, FencingToken, Locker, Result, async_trait};
+use fencelock_core::{Error, FencingToken, Locker, Result};
 use nix::sys::signal::Signal;
 
 use crate::holder::HolderProcess;

@@ -5,10 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use fencelock_core::{
-    Backend, Backoff, Capabilities, Error, Grant, Key, LeaseRef, LockInfo, Released, Renewal,
-    Request, Result, async_trait,
-};
+use fencelock_core::backend::{Backoff, Grant, LeaseRef, Released, Renewal, Request, async_trait};
+use fencelock_core::{Backend, Capabilities, Error, Key, LockInfo, Result};
 use tokio::time::Instant;
 
 /// Wraps a real backend: every call goes through to it, is counted, and

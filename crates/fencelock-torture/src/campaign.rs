@@ -231,7 +231,10 @@ pub async fn run(cfg: Config) -> io::Result<Report> {
         (None, None) => return Err(io::Error::other("give --backend URL or --spawn KIND")),
     };
     let probe = fencelock::Locker::connect(&url).await.map_err(|e| {
-        io::Error::other(format!("cannot reach {}: {e}", fencelock::redact_url(&url)))
+        io::Error::other(format!(
+            "cannot reach {}: {e}",
+            fencelock::backend::redact_url(&url)
+        ))
     })?;
     let fencing = probe.capabilities().fencing;
     drop(probe);
@@ -323,7 +326,7 @@ pub async fn run(cfg: Config) -> io::Result<Report> {
     }
     Ok(Report {
         backend: cfg.spawn.map_or(scheme, |k| k.name().to_string()),
-        url: fencelock::redact_url(&url),
+        url: fencelock::backend::redact_url(&url),
         fencing,
         seed: cfg.seed,
         clients: cfg.clients,

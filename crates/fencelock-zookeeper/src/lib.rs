@@ -89,9 +89,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use fencelock_core::backend::{
+    Grant, LeaseRef, Released, Renewal, Request, async_trait, redact_url,
+};
 use fencelock_core::{
-    Backend, Capabilities, Error, FencingToken, Grant, HolderInfo, Key, LeaseRef, LockInfo, Mode,
-    Owner, Released, Renewal, Request, Result, async_trait, redact_url,
+    Backend, Capabilities, Error, FencingToken, HolderInfo, Key, LockInfo, Mode, Owner, Result,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -102,7 +104,7 @@ pub use options::{Writer, ZkOptions};
 const NAME: &str = "zookeeper";
 
 /// How the `fencelock` facade opens this backend from a URL.
-pub const DRIVER: fencelock_core::Driver =
+pub const DRIVER: fencelock_core::backend::Driver =
     fencelock_core::driver!(NAME, ["zk"], ZooKeeperBackend::connect);
 
 /// How often this client looks for holds whose TTL ran out unrenewed.

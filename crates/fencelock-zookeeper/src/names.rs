@@ -1,7 +1,8 @@
 //! Paths and node names: keys as path segments, and the node names of
 //! Curator's recipes (protected mode: `_c_<uuid>-<kind><sequence>`).
 
-use fencelock_core::{Mode, QueueRole, QueueWait, queue_blocker};
+use fencelock_core::Mode;
+use fencelock_core::backend::{QueueRole, QueueWait, queue_blocker};
 
 use crate::options::Writer;
 

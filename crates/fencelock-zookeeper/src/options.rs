@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use fencelock_core::{BackendUrl, Error, Result};
+use fencelock_core::backend::BackendUrl;
+use fencelock_core::{Error, Result};
 
 /// Which Curator recipe fencelock's exclusive locks interoperate with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -5,7 +5,8 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fencelock_core::{Error, FencingToken, Key, Locker, Result, async_trait};
+use fencelock_core::backend::async_trait;
+use fencelock_core::{Error, FencingToken, Key, Locker, Result};
 use fencelock_testkit::faults::{self, FaultHarness};
 use fencelock_testkit::{Signal, send_signal};
 use fencelock_zookeeper::ZooKeeperBackend;

@@ -44,6 +44,8 @@ use std::sync::Arc;
 
 pub use fencelock_core::*;
 
+use fencelock_core::backend::{Driver, MEMORY_DRIVER, redact_url};
+
 /// The backend crates compiled into this build.
 pub mod backends {
     /// The in-memory backend (always present).

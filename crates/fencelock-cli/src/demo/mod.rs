@@ -241,7 +241,7 @@ pub async fn demo(args: DemoArgs) -> u8 {
         );
         return exit::USAGE;
     }
-    let address = fencelock::redact_url(&locker.backend().address());
+    let address = fencelock::backend::redact_url(&locker.backend().address());
     drop(locker);
     let dir = match tempfile::tempdir() {
         Ok(d) => d,

@@ -93,7 +93,7 @@ struct Gated {
     stall_handoffs: std::sync::atomic::AtomicBool,
 }
 
-#[crate::async_trait]
+#[crate::backend::async_trait]
 impl Backend for Gated {
     fn name(&self) -> &'static str {
         "gated"
@@ -109,17 +109,17 @@ impl Backend for Gated {
         }
         self.inner.try_acquire(req).await
     }
-    async fn renew(&self, l: &[LeaseRef]) -> crate::Result<Vec<crate::Renewal>> {
+    async fn renew(&self, l: &[LeaseRef]) -> crate::Result<Vec<crate::backend::Renewal>> {
         self.inner.renew(l).await
     }
-    async fn release(&self, l: &LeaseRef) -> crate::Result<crate::Released> {
+    async fn release(&self, l: &LeaseRef) -> crate::Result<crate::backend::Released> {
         self.inner.release(l).await
     }
     async fn release_to(
         &self,
         l: &LeaseRef,
         next: &Request,
-    ) -> crate::Result<(crate::Released, Option<Grant>)> {
+    ) -> crate::Result<(crate::backend::Released, Option<Grant>)> {
         if self.stall_handoffs.load(Ordering::SeqCst) {
             self.go.notified().await;
         }

@@ -7,7 +7,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
-use fencelock_core::{Error, FencingToken, Locker, Result, async_trait};
+use fencelock_core::backend::async_trait;
+use fencelock_core::{Error, FencingToken, Locker, Result};
 use fencelock_etcd::EtcdBackend;
 use fencelock_testkit::faults::FaultHarness;
 use fencelock_testkit::{ServerProcess, free_port};

@@ -6,7 +6,8 @@
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use fencelock_core::{FencingToken, Locker, Result, async_trait};
+use fencelock_core::backend::async_trait;
+use fencelock_core::{FencingToken, Locker, Result};
 use fencelock_mysql::MySqlBackend;
 use fencelock_testkit::faults::FaultHarness;
 use fencelock_testkit::{Signal, free_port, send_signal, wait_for_port};

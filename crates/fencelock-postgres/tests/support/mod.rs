@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use fencelock_core::{FencingToken, Locker, Result, async_trait};
+use fencelock_core::backend::async_trait;
+use fencelock_core::{FencingToken, Locker, Result};
 use fencelock_postgres::PostgresBackend;
 use fencelock_postgres::patterns::Fenced;
 use fencelock_testkit::faults::FaultHarness;
