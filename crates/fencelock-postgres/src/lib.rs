@@ -88,6 +88,7 @@ mod advisory;
 mod db;
 mod lease;
 mod listen;
+mod modes;
 mod options;
 pub mod patterns;
 
@@ -95,19 +96,16 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fencelock_core::backend::{
-    Backoff, Grant, LeaseRef, Released, Renewal, Request, TryOutcome, async_trait, wait_for_grant,
-};
-use fencelock_core::{Backend, Capabilities, Error, FencingToken, Key, LockInfo, Result};
+use fencelock_core::backend::{Grant, LeaseRef, Released, Renewal, Request, async_trait};
+use fencelock_core::{Backend, Capabilities, Error, Key, LockInfo, Result};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
 pub use options::{PgMode, PgOptions};
 
 use crate::advisory::Advisory;
 use crate::db::Db;
-use crate::listen::Waiters;
+use crate::modes::{AdvisoryLocks, LeaseTable};
 
 const NAME: &str = "postgres";
 
@@ -115,11 +113,12 @@ const NAME: &str = "postgres";
 pub const DRIVER: fencelock_core::backend::Driver =
     fencelock_core::driver!(NAME, ["postgres", "postgresql"], PostgresBackend::connect);
 
-/// Longest a lease-mode waiter sleeps between checks when no notification comes.
-const MAX_RECHECK: Duration = Duration::from_secs(1);
-
 /// Locks in PostgreSQL (`postgres://user:password@host:port/db[?mode=lease|advisory]`).
 /// Clones share the pool, the listener and the held sessions.
+///
+/// Each mode is a backend of its own (`modes::LeaseTable`,
+/// `modes::AdvisoryLocks`); `connect` picks one by `?mode=` and this type
+/// hands every call to it.
 #[derive(Clone)]
 pub struct PostgresBackend {
     inner: Arc<Inner>,
@@ -128,10 +127,7 @@ pub struct PostgresBackend {
 struct Inner {
     db: Db,
     options: PgOptions,
-    connect: PgConnectOptions,
-    waiters: Arc<Waiters>,
-    listening: OnceCell<()>,
-    advisory: Advisory,
+    mode: Arc<dyn Backend>,
 }
 
 impl PostgresBackend {
@@ -158,16 +154,16 @@ impl PostgresBackend {
             .map_err(|e| db::map_err(&fencelock_core::backend::redact_url(url), e))?;
         let db = Db::new(pool, url);
         lease::create_schema(&db).await?;
-        let advisory = Advisory::new(connect.clone(), db.addr.clone(), options.pool as usize);
+        let mode: Arc<dyn Backend> = match options.mode {
+            PgMode::Lease => Arc::new(LeaseTable::new(db.clone(), connect, options.default_ttl)),
+            PgMode::Advisory => Arc::new(AdvisoryLocks::new(
+                db.clone(),
+                Advisory::new(connect, db.addr.clone(), options.pool as usize),
+                options.default_ttl,
+            )),
+        };
         Ok(PostgresBackend {
-            inner: Arc::new(Inner {
-                db,
-                options,
-                connect,
-                waiters: Arc::new(Waiters::default()),
-                listening: OnceCell::new(),
-                advisory,
-            }),
+            inner: Arc::new(Inner { db, options, mode }),
         })
     }
 
@@ -195,45 +191,6 @@ impl PostgresBackend {
             PgMode::Advisory => advisory::force_release(&self.inner.db, key).await,
         }
     }
-
-    fn lease_grant(req: &Request, token: u64, holds: u32, requested_at: Instant) -> Grant {
-        Grant::new(Some(FencingToken::new(token)), req.ttl, holds, requested_at)
-    }
-
-    /// Starts the LISTEN task once.
-    async fn listen(&self) {
-        self.inner
-            .listening
-            .get_or_init(|| async {
-                let waiters = Arc::downgrade(&self.inner.waiters);
-                tokio::spawn(listen::run(self.inner.connect.clone(), waiters));
-            })
-            .await;
-    }
-
-    async fn acquire_lease(
-        &self,
-        req: &Request,
-        deadline: Option<Instant>,
-    ) -> Result<Option<Grant>> {
-        self.listen().await;
-        let wake = self.inner.waiters.of(req.key.as_str());
-        // Woken by the release's NOTIFY, else re-check when the holder's
-        // lease would end, and at least every MAX_RECHECK.
-        let backoff = Backoff::new(Duration::from_millis(20), MAX_RECHECK);
-        wait_for_grant(deadline, backoff, Some(&wake), |_| async {
-            let requested_at = Instant::now();
-            Ok(match lease::attempt(&self.inner.db, req).await? {
-                Ok((token, holds)) => {
-                    TryOutcome::Granted(Self::lease_grant(req, token, holds, requested_at))
-                }
-                Err(left) => TryOutcome::Busy {
-                    retry_in: Some(left + Duration::from_millis(1)),
-                },
-            })
-        })
-        .await
-    }
 }
 
 #[async_trait]
@@ -243,70 +200,35 @@ impl Backend for PostgresBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::NONE
-            .with_fencing(true)
-            .with_shared(true)
-            .with_semaphore(true)
-            .with_reentrant(true)
-            .with_native_wait(true)
-            .with_ttl(true)
-            .with_inspect(true)
-            .with_cross_process(true)
+        self.inner.mode.capabilities()
     }
 
     fn address(&self) -> String {
-        self.inner.db.addr.clone()
+        self.inner.mode.address()
     }
 
     fn default_ttl(&self) -> Option<Duration> {
-        self.inner.options.default_ttl
+        self.inner.mode.default_ttl()
     }
 
     fn session_events(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
-        (self.inner.options.mode == PgMode::Advisory).then(|| self.inner.advisory.events())
+        self.inner.mode.session_events()
     }
 
     async fn try_acquire(&self, req: &Request) -> Result<Option<Grant>> {
-        match self.inner.options.mode {
-            PgMode::Lease => {
-                let requested_at = Instant::now();
-                Ok(lease::attempt(&self.inner.db, req)
-                    .await?
-                    .ok()
-                    .map(|(token, holds)| Self::lease_grant(req, token, holds, requested_at)))
-            }
-            PgMode::Advisory => self.inner.advisory.acquire(req, None).await,
-        }
+        self.inner.mode.try_acquire(req).await
     }
 
     async fn acquire(&self, req: &Request, deadline: Option<Instant>) -> Result<Option<Grant>> {
-        match (self.inner.options.mode, req.mode) {
-            (PgMode::Lease, _) => self.acquire_lease(req, deadline).await,
-            (PgMode::Advisory, fencelock_core::Mode::Semaphore { .. }) => {
-                let backoff = Backoff::new(Duration::from_millis(2), Duration::from_millis(200));
-                wait_for_grant(deadline, backoff, None, |_| async {
-                    Ok(TryOutcome::from_try(
-                        self.inner.advisory.acquire(req, None).await?,
-                    ))
-                })
-                .await
-            }
-            (PgMode::Advisory, _) => self.inner.advisory.acquire(req, Some(deadline)).await,
-        }
+        self.inner.mode.acquire(req, deadline).await
     }
 
     async fn renew(&self, leases: &[LeaseRef]) -> Result<Vec<Renewal>> {
-        match self.inner.options.mode {
-            PgMode::Lease => lease::renew(&self.inner.db, leases).await,
-            PgMode::Advisory => Ok(self.inner.advisory.renew(leases).await),
-        }
+        self.inner.mode.renew(leases).await
     }
 
     async fn release(&self, lease: &LeaseRef) -> Result<Released> {
-        match self.inner.options.mode {
-            PgMode::Lease => lease::release(&self.inner.db, lease).await,
-            PgMode::Advisory => self.inner.advisory.release(lease).await,
-        }
+        self.inner.mode.release(lease).await
     }
 
     async fn release_to(
@@ -314,41 +236,15 @@ impl Backend for PostgresBackend {
         lease: &LeaseRef,
         next: &Request,
     ) -> Result<(Released, Option<Grant>)> {
-        match self.inner.options.mode {
-            PgMode::Lease => {
-                let requested_at = Instant::now();
-                let (released, handed) = lease::handoff(&self.inner.db, lease, next).await?;
-                Ok((
-                    released,
-                    handed
-                        .map(|(token, holds)| Self::lease_grant(next, token, holds, requested_at)),
-                ))
-            }
-            // The server's own queue hands the lock to its next waiter.
-            PgMode::Advisory => Ok((self.release(lease).await?, None)),
-        }
+        self.inner.mode.release_to(lease, next).await
     }
 
     async fn inspect(&self, key: &Key) -> Result<Option<LockInfo>> {
-        match self.inner.options.mode {
-            PgMode::Lease => lease::inspect(&self.inner.db, key).await,
-            PgMode::Advisory => advisory::inspect(&self.inner.db, key).await,
-        }
+        self.inner.mode.inspect(key).await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
-        let keys = match self.inner.options.mode {
-            PgMode::Lease => lease::held_keys(&self.inner.db, prefix).await?,
-            PgMode::Advisory => advisory::held_keys(&self.inner.db, prefix).await?,
-        };
-        let mut out = Vec::with_capacity(keys.len());
-        for k in keys {
-            let key = Key::new(k).map_err(|e| Error::backend(NAME, e))?;
-            if let Some(info) = self.inspect(&key).await? {
-                out.push(info);
-            }
-        }
-        Ok(out)
+        self.inner.mode.list(prefix).await
     }
 }
 
