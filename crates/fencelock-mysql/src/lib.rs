@@ -79,16 +79,15 @@
 mod db;
 mod get_lock;
 mod lease;
+mod modes;
 mod options;
 
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fencelock_core::backend::{
-    Backoff, Grant, LeaseRef, Released, Renewal, Request, TryOutcome, async_trait, wait_for_grant,
-};
-use fencelock_core::{Backend, Capabilities, Error, FencingToken, Key, LockInfo, Mode, Result};
+use fencelock_core::backend::{Grant, LeaseRef, Released, Renewal, Request, async_trait};
+use fencelock_core::{Backend, Capabilities, Error, Key, LockInfo, Result};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -97,6 +96,7 @@ pub use options::{MyMode, MyOptions};
 
 use crate::db::Db;
 use crate::get_lock::GetLock;
+use crate::modes::{GetLocks, LeaseTable};
 
 const NAME: &str = "mysql";
 
@@ -106,6 +106,9 @@ pub const DRIVER: fencelock_core::backend::Driver =
 
 /// Locks in MySQL or MariaDB (`mysql://user:password@host:port/db[?mode=lease|get_lock]`).
 /// Clones share the pool and the held sessions.
+///
+/// Each mode is a backend of its own (`modes::LeaseTable`, `modes::GetLocks`);
+/// `connect` picks one by `?mode=` and this type hands every call to it.
 #[derive(Clone)]
 pub struct MySqlBackend {
     inner: Arc<Inner>,
@@ -114,9 +117,9 @@ pub struct MySqlBackend {
 struct Inner {
     db: Db,
     options: MyOptions,
-    get_lock: GetLock,
+    mode: Arc<dyn Backend>,
     /// Wakes this process's lease-mode waiters when a hold is released here.
-    released: Notify,
+    released: Arc<Notify>,
 }
 
 impl MySqlBackend {
@@ -156,13 +159,25 @@ impl MySqlBackend {
             .await
             .map_err(db.err())?;
         let mariadb = get_lock::create_schema(&db).await?;
-        let get_lock = GetLock::new(connect, db.addr.clone(), options.pool as usize, mariadb);
+        let released = Arc::new(Notify::new());
+        let mode: Arc<dyn Backend> = match options.mode {
+            MyMode::Lease => Arc::new(LeaseTable::new(
+                db.clone(),
+                released.clone(),
+                options.default_ttl,
+            )),
+            MyMode::GetLock => Arc::new(GetLocks::new(
+                db.clone(),
+                GetLock::new(connect, db.addr.clone(), options.pool as usize, mariadb),
+                options.default_ttl,
+            )),
+        };
         Ok(MySqlBackend {
             inner: Arc::new(Inner {
                 db,
                 options,
-                get_lock,
-                released: Notify::new(),
+                mode,
+                released,
             }),
         })
     }
@@ -193,30 +208,6 @@ impl MySqlBackend {
         self.inner.released.notify_waiters();
         Ok(())
     }
-
-    async fn acquire_lease(
-        &self,
-        req: &Request,
-        deadline: Option<Instant>,
-    ) -> Result<Option<Grant>> {
-        let backoff = Backoff::new(Duration::from_millis(2), Duration::from_millis(100));
-        wait_for_grant(deadline, backoff, Some(&self.inner.released), |_| async {
-            let requested_at = Instant::now();
-            Ok(match lease::attempt(&self.inner.db, req).await? {
-                Ok((token, holds)) => {
-                    TryOutcome::Granted(lease_grant(req, token, holds, requested_at))
-                }
-                Err(left) => TryOutcome::Busy {
-                    retry_in: Some(left + Duration::from_millis(1)),
-                },
-            })
-        })
-        .await
-    }
-}
-
-fn lease_grant(req: &Request, token: u64, holds: u32, requested_at: Instant) -> Grant {
-    Grant::new(Some(FencingToken::new(token)), req.ttl, holds, requested_at)
 }
 
 #[async_trait]
@@ -226,99 +217,51 @@ impl Backend for MySqlBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        let lease = self.inner.options.mode == MyMode::Lease;
-        Capabilities::NONE
-            .with_fencing(true)
-            .with_shared(lease)
-            .with_semaphore(true)
-            .with_reentrant(true)
-            .with_native_wait(!lease)
-            .with_ttl(true)
-            .with_inspect(true)
-            .with_cross_process(true)
+        self.inner.mode.capabilities()
     }
 
     fn address(&self) -> String {
-        self.inner.db.addr.clone()
+        self.inner.mode.address()
     }
 
     fn default_ttl(&self) -> Option<Duration> {
-        self.inner.options.default_ttl
+        self.inner.mode.default_ttl()
     }
 
     fn session_events(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
-        (self.inner.options.mode == MyMode::GetLock).then(|| self.inner.get_lock.events())
+        self.inner.mode.session_events()
     }
 
     async fn try_acquire(&self, req: &Request) -> Result<Option<Grant>> {
-        match self.inner.options.mode {
-            MyMode::Lease => {
-                let requested_at = Instant::now();
-                Ok(lease::attempt(&self.inner.db, req)
-                    .await?
-                    .ok()
-                    .map(|(token, holds)| lease_grant(req, token, holds, requested_at)))
-            }
-            MyMode::GetLock => self.inner.get_lock.acquire(req, None).await,
-        }
+        self.inner.mode.try_acquire(req).await
     }
 
     async fn acquire(&self, req: &Request, deadline: Option<Instant>) -> Result<Option<Grant>> {
-        match (self.inner.options.mode, req.mode) {
-            (MyMode::Lease, _) => self.acquire_lease(req, deadline).await,
-            (MyMode::GetLock, Mode::Semaphore { .. }) => {
-                let backoff = Backoff::new(Duration::from_millis(2), Duration::from_millis(200));
-                wait_for_grant(deadline, backoff, None, |_| async {
-                    Ok(TryOutcome::from_try(
-                        self.inner.get_lock.acquire(req, None).await?,
-                    ))
-                })
-                .await
-            }
-            (MyMode::GetLock, _) => self.inner.get_lock.acquire(req, Some(deadline)).await,
-        }
+        self.inner.mode.acquire(req, deadline).await
     }
 
     async fn renew(&self, leases: &[LeaseRef]) -> Result<Vec<Renewal>> {
-        match self.inner.options.mode {
-            MyMode::Lease => lease::renew(&self.inner.db, leases).await,
-            MyMode::GetLock => Ok(self.inner.get_lock.renew(leases).await),
-        }
+        self.inner.mode.renew(leases).await
     }
 
     async fn release(&self, lease: &LeaseRef) -> Result<Released> {
-        let released = match self.inner.options.mode {
-            MyMode::Lease => lease::release(&self.inner.db, lease).await?,
-            MyMode::GetLock => self.inner.get_lock.release(lease).await?,
-        };
-        if released.remaining == 0 {
-            self.inner.released.notify_waiters();
-        }
-        Ok(released)
+        self.inner.mode.release(lease).await
+    }
+
+    async fn release_to(
+        &self,
+        lease: &LeaseRef,
+        next: &Request,
+    ) -> Result<(Released, Option<Grant>)> {
+        self.inner.mode.release_to(lease, next).await
     }
 
     async fn inspect(&self, key: &Key) -> Result<Option<LockInfo>> {
-        match self.inner.options.mode {
-            MyMode::Lease => lease::inspect(&self.inner.db, key).await,
-            MyMode::GetLock => get_lock::inspect(&self.inner.db, key).await,
-        }
+        self.inner.mode.inspect(key).await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
-        let keys = match self.inner.options.mode {
-            MyMode::Lease => lease::held_keys(&self.inner.db, prefix).await?,
-            MyMode::GetLock => get_lock::known_keys(&self.inner.db, prefix).await?,
-        };
-        let mut out = Vec::with_capacity(keys.len());
-        for k in keys {
-            let key = Key::new(k).map_err(|e| Error::backend(NAME, e))?;
-            if let Some(info) = self.inspect(&key).await?
-                && !info.holders.is_empty()
-            {
-                out.push(info);
-            }
-        }
-        Ok(out)
+        self.inner.mode.list(prefix).await
     }
 }
 

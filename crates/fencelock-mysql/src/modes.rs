@@ -1,0 +1,206 @@
+//! The two modes, each a backend of its own: the lease table (rows with a
+//! fence and an expiry, `lease.rs`) and `GET_LOCK` (sessions that hold named
+//! locks, `get_lock.rs`). `MySqlBackend` hands every call to the one its URL
+//! asked for.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fencelock_core::backend::{
+    Backoff, Grant, LeaseRef, Released, Renewal, Request, TryOutcome, async_trait, wait_for_grant,
+};
+use fencelock_core::{Backend, Capabilities, Error, FencingToken, Key, LockInfo, Mode, Result};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::db::Db;
+use crate::get_lock::{self, GetLock};
+use crate::{NAME, lease};
+
+/// What both modes can do; the lease table also shares (readers), `GET_LOCK`
+/// waits in the server.
+fn capabilities(lease: bool) -> Capabilities {
+    Capabilities::NONE
+        .with_fencing(true)
+        .with_shared(lease)
+        .with_semaphore(true)
+        .with_reentrant(true)
+        .with_native_wait(!lease)
+        .with_ttl(true)
+        .with_inspect(true)
+        .with_cross_process(true)
+}
+
+/// Every held lock among the keys `known` found, each inspected.
+async fn list_held<B: Backend + ?Sized>(backend: &B, known: Vec<String>) -> Result<Vec<LockInfo>> {
+    let mut out = Vec::with_capacity(known.len());
+    for k in known {
+        let key = Key::new(k).map_err(|e| Error::backend(NAME, e))?;
+        if let Some(info) = backend.inspect(&key).await?
+            && !info.holders.is_empty()
+        {
+            out.push(info);
+        }
+    }
+    Ok(out)
+}
+
+/// `?mode=lease`: a row per holder with a fence column and an expiry.
+pub(crate) struct LeaseTable {
+    db: Db,
+    /// Wakes this process's waiters when a hold is released here.
+    released: Arc<Notify>,
+    default_ttl: Option<Duration>,
+}
+
+impl LeaseTable {
+    pub(crate) fn new(db: Db, released: Arc<Notify>, default_ttl: Option<Duration>) -> Self {
+        LeaseTable {
+            db,
+            released,
+            default_ttl,
+        }
+    }
+
+    fn grant(req: &Request, token: u64, holds: u32, requested_at: Instant) -> Grant {
+        Grant::new(Some(FencingToken::new(token)), req.ttl, holds, requested_at)
+    }
+}
+
+#[async_trait]
+impl Backend for LeaseTable {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        capabilities(true)
+    }
+
+    fn address(&self) -> String {
+        self.db.addr.clone()
+    }
+
+    fn default_ttl(&self) -> Option<Duration> {
+        self.default_ttl
+    }
+
+    async fn try_acquire(&self, req: &Request) -> Result<Option<Grant>> {
+        let requested_at = Instant::now();
+        Ok(lease::attempt(&self.db, req)
+            .await?
+            .ok()
+            .map(|(token, holds)| Self::grant(req, token, holds, requested_at)))
+    }
+
+    async fn acquire(&self, req: &Request, deadline: Option<Instant>) -> Result<Option<Grant>> {
+        let backoff = Backoff::new(Duration::from_millis(2), Duration::from_millis(100));
+        wait_for_grant(deadline, backoff, Some(&self.released), |_| async {
+            let requested_at = Instant::now();
+            Ok(match lease::attempt(&self.db, req).await? {
+                Ok((token, holds)) => {
+                    TryOutcome::Granted(Self::grant(req, token, holds, requested_at))
+                }
+                Err(left) => TryOutcome::Busy {
+                    retry_in: Some(left + Duration::from_millis(1)),
+                },
+            })
+        })
+        .await
+    }
+
+    async fn renew(&self, leases: &[LeaseRef]) -> Result<Vec<Renewal>> {
+        lease::renew(&self.db, leases).await
+    }
+
+    async fn release(&self, lease: &LeaseRef) -> Result<Released> {
+        let released = lease::release(&self.db, lease).await?;
+        if released.remaining == 0 {
+            self.released.notify_waiters();
+        }
+        Ok(released)
+    }
+
+    async fn inspect(&self, key: &Key) -> Result<Option<LockInfo>> {
+        lease::inspect(&self.db, key).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
+        list_held(self, lease::held_keys(&self.db, prefix).await?).await
+    }
+}
+
+/// `?mode=get_lock`: each hold is a session holding a `GET_LOCK` name; the
+/// server's own queue wakes waiters.
+pub(crate) struct GetLocks {
+    db: Db,
+    get_lock: GetLock,
+    default_ttl: Option<Duration>,
+}
+
+impl GetLocks {
+    pub(crate) fn new(db: Db, get_lock: GetLock, default_ttl: Option<Duration>) -> Self {
+        GetLocks {
+            db,
+            get_lock,
+            default_ttl,
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for GetLocks {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        capabilities(false)
+    }
+
+    fn address(&self) -> String {
+        self.db.addr.clone()
+    }
+
+    fn default_ttl(&self) -> Option<Duration> {
+        self.default_ttl
+    }
+
+    fn session_events(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(self.get_lock.events())
+    }
+
+    async fn try_acquire(&self, req: &Request) -> Result<Option<Grant>> {
+        self.get_lock.acquire(req, None).await
+    }
+
+    async fn acquire(&self, req: &Request, deadline: Option<Instant>) -> Result<Option<Grant>> {
+        if let Mode::Semaphore { .. } = req.mode {
+            // Permits are tried one by one: poll.
+            let backoff = Backoff::new(Duration::from_millis(2), Duration::from_millis(200));
+            return wait_for_grant(deadline, backoff, None, |_| async {
+                Ok(TryOutcome::from_try(
+                    self.get_lock.acquire(req, None).await?,
+                ))
+            })
+            .await;
+        }
+        self.get_lock.acquire(req, Some(deadline)).await
+    }
+
+    async fn renew(&self, leases: &[LeaseRef]) -> Result<Vec<Renewal>> {
+        Ok(self.get_lock.renew(leases).await)
+    }
+
+    async fn release(&self, lease: &LeaseRef) -> Result<Released> {
+        self.get_lock.release(lease).await
+    }
+
+    async fn inspect(&self, key: &Key) -> Result<Option<LockInfo>> {
+        get_lock::inspect(&self.db, key).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
+        list_held(self, get_lock::known_keys(&self.db, prefix).await?).await
+    }
+}
