@@ -6,5 +6,5 @@
 //!
 //! This crate is not in the library's dependency tree.
 
-pub mod redis_line;
+pub mod redis_queue;
 pub mod redlock_token;

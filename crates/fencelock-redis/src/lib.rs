@@ -85,14 +85,14 @@
 //! arrives, or at the latest when the holder's time runs out (capped at 5 s), so
 //! a lost message costs a bounded delay, never a hang.
 //!
-//! Across processes, exclusive waiters stand in a line kept in Redis (a sorted
+//! Across processes, exclusive waiters stand in a queue kept in Redis (a sorted
 //! set by arrival): while anyone waits in it, a free lock goes only to its first
 //! live waiter, so a process that releases cannot take the lock straight back
 //! ahead of a waiter elsewhere (a try, which never waits, is refused too); the
 //! handoffs within a process above come first, up to 16 in a row. A
 //! waiter keeps its place by asking again at least every second; one that times
-//! out or is cancelled leaves the line, and the place of one that died lapses
-//! after 3 s. Shared and semaphore requests do not stand in line, but new ones
+//! out or is cancelled leaves the queue, and the place of one that died lapses
+//! after 3 s. Shared and semaphore requests do not stand in the queue, but new ones
 //! are refused while a writer waits there, so readers cannot starve writers
 //! (as in a fair read-write lock: a second read lock taken, by another owner,
 //! while holding one waits behind a waiting writer).
@@ -152,21 +152,21 @@ pub const REDLOCK_DRIVER: fencelock_core::backend::Driver = fencelock_core::driv
 /// The longest a waiter sleeps without re-checking, whatever the holder's TTL.
 const MAX_RECHECK: Duration = Duration::from_secs(5);
 
-/// How long a waiter's place in a key's line lasts unless it asks again (it
+/// How long a waiter's place in a key's queue lasts unless it asks again (it
 /// asks at least three times as often). A waiter that dies in first place
 /// holds the others up this long at most.
-const LINE_PLACE: Duration = Duration::from_secs(3);
+const QUEUE_PLACE: Duration = Duration::from_secs(3);
 
-/// A waiter's place in a key's line: left when the wait ends without a grant,
+/// A waiter's place in a key's queue: left when the wait ends without a grant,
 /// also when the wait is cancelled (then by a spawned task).
-struct InLine {
+struct InQueue {
     backend: Option<RedisBackend>,
     key: Key,
     owner: String,
 }
 
-impl InLine {
-    /// The grant took the waiter out of line.
+impl InQueue {
+    /// The grant took the waiter out of the queue.
     fn granted(mut self) {
         self.backend = None;
     }
@@ -175,20 +175,20 @@ impl InLine {
         if let Some(b) = &self.backend {
             // Best effort: a place that is not left lapses by itself. (If this
             // is cancelled, `Drop` tries again.)
-            let _ = b.node().leave_line(&self.key, &self.owner).await;
+            let _ = b.node().leave_queue(&self.key, &self.owner).await;
         }
         self.backend = None;
     }
 }
 
-impl Drop for InLine {
+impl Drop for InQueue {
     fn drop(&mut self) {
         if let Some(b) = self.backend.take()
             && let Ok(h) = tokio::runtime::Handle::try_current()
         {
             let (key, owner) = (self.key.clone(), std::mem::take(&mut self.owner));
             h.spawn(async move {
-                let _ = b.node().leave_line(&key, &owner).await;
+                let _ = b.node().leave_queue(&key, &owner).await;
             });
         }
     }
@@ -508,15 +508,15 @@ impl Backend for RedisBackend {
     }
 
     async fn acquire(&self, req: &Request, deadline: Option<Instant>) -> Result<Option<Grant>> {
-        // A refused exclusive request stands in the key's line (see `scripts`)
+        // A refused exclusive request stands in the key's queue (see `scripts`)
         // unless it gives up at once.
         let queue = if deadline.is_some_and(|d| d <= Instant::now()) {
             Duration::ZERO
         } else {
-            LINE_PLACE
+            QUEUE_PLACE
         };
-        // Set up before the first attempt, which may already stand in line.
-        let in_line = InLine {
+        // Set up before the first attempt, which may already stand in the queue.
+        let in_queue = InQueue {
             backend: (queue > Duration::ZERO && req.mode == fencelock_core::Mode::Exclusive)
                 .then(|| self.clone()),
             key: req.key.clone(),
@@ -524,7 +524,7 @@ impl Backend for RedisBackend {
         };
         // Uncontended: one round trip, no subscription.
         if let Ok(grant) = self.attempt(req, queue).await? {
-            in_line.granted();
+            in_queue.granted();
             return Ok(Some(grant));
         }
         let watch = self.node().watch(&req.key).await?;
@@ -536,18 +536,18 @@ impl Backend for RedisBackend {
             notified.as_mut().enable();
             let left = match self.attempt(req, queue).await? {
                 Ok(grant) => {
-                    in_line.granted();
+                    in_queue.granted();
                     return Ok(Some(grant));
                 }
                 Err(left) => left,
             };
             if deadline.is_some_and(|d| Instant::now() >= d) {
-                in_line.leave().await;
+                in_queue.leave().await;
                 return Ok(None);
             }
-            // A waiter in line asks again before its place lapses.
-            let most = if in_line.backend.is_some() {
-                LINE_PLACE / 3
+            // A waiter in the queue asks again before its place lapses.
+            let most = if in_queue.backend.is_some() {
+                QUEUE_PLACE / 3
             } else {
                 MAX_RECHECK
             };

@@ -23,9 +23,9 @@ pub(crate) struct LockKeys {
     pub(crate) expiry: String,
     pub(crate) fence: String,
     pub(crate) channel: String,
-    /// Exclusive waiters in line, and when their places lapse.
-    pub(crate) line: String,
-    pub(crate) line_lapse: String,
+    /// Exclusive waiters in the queue, and when their places lapse.
+    pub(crate) queue: String,
+    pub(crate) queue_lapse: String,
 }
 
 /// What the acquire script said.
@@ -190,8 +190,8 @@ impl Node {
             expiry: format!("{hash}:exp"),
             fence: format!("{hash}:fence"),
             channel: format!("{hash}:ch"),
-            line: format!("{hash}:q"),
-            line_lapse: format!("{hash}:qe"),
+            queue: format!("{hash}:q"),
+            queue_lapse: format!("{hash}:qe"),
             hash,
         }
     }
@@ -202,7 +202,7 @@ impl Node {
 
     /// One run of the acquire script as operation `op`; `proposal` floors a
     /// new token (0: none). A refused exclusive request stands in the key's
-    /// line for `queue` (zero: it does not). With `behind`, an existing hold
+    /// queue for `queue` (zero: it does not). With `behind`, an existing hold
     /// of the owner whose token is below the key's fence answers a new token
     /// (Redlock; see `scripts::ACQUIRE`).
     pub(crate) async fn attempt(
@@ -225,8 +225,8 @@ impl Node {
                     .key(&k.hash)
                     .key(&k.expiry)
                     .key(&k.fence)
-                    .key(&k.line)
-                    .key(&k.line_lapse)
+                    .key(&k.queue)
+                    .key(&k.queue_lapse)
                     .key(self.mark(&k, op))
                     .arg(req.owner.as_str())
                     .arg(req.mode.as_label())
@@ -327,8 +327,8 @@ impl Node {
                         .key(&k.expiry)
                         .key(&mark)
                         .key(&k.fence)
-                        .key(&k.line)
-                        .key(&k.line_lapse)
+                        .key(&k.queue)
+                        .key(&k.queue_lapse)
                         .arg(lease.owner.as_str())
                         .arg(&k.channel)
                         .arg(self.mark_ms)
@@ -385,14 +385,14 @@ impl Node {
         }
     }
 
-    /// Takes `owner` out of `key`'s line of waiters.
-    pub(crate) async fn leave_line(&self, key: &Key, owner: &str) -> Result<()> {
+    /// Takes `owner` out of `key`'s queue of waiters.
+    pub(crate) async fn leave_queue(&self, key: &Key, owner: &str) -> Result<()> {
         let k = self.keys(key);
         self.conn
             .invoke::<i64>(
-                scripts::LEAVE_LINE
-                    .key(&k.line)
-                    .key(&k.line_lapse)
+                scripts::LEAVE_QUEUE
+                    .key(&k.queue)
+                    .key(&k.queue_lapse)
                     .key(&k.hash)
                     .arg(owner)
                     .arg(&k.channel),

@@ -10,7 +10,7 @@
 //! | `P{k}` | hash | shared or semaphore holds: `\tm` → mode; `<owner>` → `"<holds> <token> <grants> <seen>"` |
 //! | `P{k}:exp` | sorted set | shared and semaphore holders: `<owner>` → expiry (server ms), so they expire one by one |
 //! | `P{k}:fence` | string | the last token; never expires |
-//! | `P{k}:q` | sorted set | exclusive waiters in line: `<owner>` → arrival (server µs) |
+//! | `P{k}:q` | sorted set | exclusive waiters in the queue: `<owner>` → arrival (server µs) |
 //! | `P{k}:qe` | sorted set | the same waiters → when their place lapses (server ms) |
 //! | `P{k}:ch` | channel | `free` / `permit` when waiters may proceed |
 //! | `P{k}:op:<op>` | string | the outcome of operation `<op>`, kept briefly (see below) |
@@ -53,19 +53,19 @@
 //! The marks live for four response timeouts (20 s by default), far longer than
 //! a request can be in flight on a connection the client still uses.
 //!
-//! # The line
+//! # The queue
 //!
 //! (Model-checked, with the handoff and `UNDO`, in
-//! `crates/fencelock-models/src/redis_line.rs`: change both together; bounds
+//! `crates/fencelock-models/src/redis_queue.rs`: change both together; bounds
 //! in `docs/SAFETY.md`.)
 //!
-//! The line makes exclusive waiting fair across processes: while it is not
+//! The queue makes exclusive waiting fair across processes: while it is not
 //! empty, a free lock goes only to its first live waiter (a release PUBLISHes,
 //! every waiter asks, the first wins). A release that hands the lock to the
 //! next waiter of its own process (`next_owner`) does not free it; the core
 //! bounds such handoffs to 16 in a row, then releases plainly. A waiter keeps its place by asking
 //! again before its place lapses; one that died or gave up without leaving
-//! blocks the line until then. Reentrant acquires skip it; shared and
+//! blocks the queue until then. Reentrant acquires skip it; shared and
 //! semaphore requests do not stand in it but are refused while anyone does, so
 //! a stream of readers cannot starve a waiting writer.
 //!
@@ -135,7 +135,7 @@ pub(crate) static ALL: [&LazyLock<Lua>; 9] = [
     &RENEW,
     &RELEASE,
     &UNDO,
-    &LEAVE_LINE,
+    &LEAVE_QUEUE,
     &INSPECT,
     &FORCE_RELEASE,
     &FENCED_SET,
@@ -289,7 +289,7 @@ end
 
 /// KEYS: H, Z, F, Q, QE, L (the op's mark). ARGV: owner, mode, ttl_ms, reentrant
 /// (1/0), permits, proposal (a floor for a new token; 0 for none), queue_ms (an
-/// exclusive request that is refused stands in line for that long; 0: it does
+/// exclusive request that is refused stands in the queue for that long; 0: it does
 /// not), op, mark_ms, behind (1/0: an existing hold of the owner whose token
 /// is below the fence gets a new token — Redlock, where the fence can pass a
 /// hold that a release missed, see the `redlock` module).
@@ -307,8 +307,8 @@ local H, Z, F, Q, QE, L = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local owner, mode, ttl, reentrant, permits = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
 local queue_ms, op, mark_ms, behind = tonumber(ARGV[7]), ARGV[8], ARGV[9], ARGV[10]
 if redis.call('GET', L) == 'x' then return {0, 0, now_us} end
-local lined = redis.call('EXISTS', Q) == 1
--- Refused: stand in line (or keep the place) if asked to, and say how long to wait.
+local queued = redis.call('EXISTS', Q) == 1
+-- Refused: stand in the queue (or keep the place) if asked to, and say how long to wait.
 local function refuse(wait_ms)
   if mode == 'exclusive' and queue_ms > 0 then
     redis.call('ZADD', Q, 'NX', now_us, owner)
@@ -319,10 +319,10 @@ local function refuse(wait_ms)
   end
   return {0, wait_ms, now_us}
 end
--- A new grant waits for the live waiters in line: an exclusive one unless it
+-- A new grant waits for the live waiters in the queue: an exclusive one unless it
 -- is first, a shared or semaphore one while anyone stands there.
 local function ahead()
-  if not lined then return nil end
+  if not queued then return nil end
   local lapsed = redis.call('ZRANGEBYSCORE', QE, '-inf', now)
   for i = 1, #lapsed do redis.call('ZREM', Q, lapsed[i]) end
   if #lapsed > 0 then redis.call('ZREMRANGEBYSCORE', QE, '-inf', now) end
@@ -331,7 +331,7 @@ local function ahead()
   return tonumber(redis.call('ZSCORE', QE, first)) - now
 end
 local function granted(token)
-  if lined then unqueue(Q, QE, owner) end
+  if queued then unqueue(Q, QE, owner) end
   return {1, token, 1, 1, now_us}
 end
 -- The owner's existing hold: a second run of this op (unchanged), a
@@ -595,10 +595,10 @@ return 0
     ))
 });
 
-/// KEYS: Q, QE, H. ARGV: owner, channel. Takes `owner` out of the line (a
+/// KEYS: Q, QE, H. ARGV: owner, channel. Takes `owner` out of the queue (a
 /// waiter that gave up); if it was first, wakes the waiters it held up (the
 /// next writer if the lock is free, readers refused while it stood there).
-pub(crate) static LEAVE_LINE: LazyLock<Lua> = LazyLock::new(|| {
+pub(crate) static LEAVE_QUEUE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
 local first = redis.call('ZRANK', KEYS[1], ARGV[1]) == 0

@@ -13,7 +13,7 @@
 //! processes from starving, at most [`MAX_HANDOFFS`] handoffs happen in a row;
 //! then the lock is released plainly and every waiter races for it. (With the
 //! Redis scripts, the handoff racing the head's own request is model-checked in
-//! `crates/fencelock-models/src/redis_line.rs`, `docs/SAFETY.md`; this line
+//! `crates/fencelock-models/src/redis_queue.rs`, `docs/SAFETY.md`; this line
 //! itself runs under shuttle's schedulers in `src/shuttle_tests.rs`,
 //! `docs/SAFETY.md` §3: a change here should keep those runs green.)
 //!

@@ -1,14 +1,14 @@
-//! The Redis waiting line with handoff, on one Redis.
+//! The Redis waiting queue with handoff, on one Redis.
 //!
 //! Abstracts the scripts `ACQUIRE` (exclusive and shared; a refused
-//! exclusive request stands in line; a free lock goes only to the first in
-//! line; a shared request is refused while anyone stands there), `RELEASE`
+//! exclusive request stands in the queue; a free lock goes only to the first in
+//! the queue; a shared request is refused while anyone stands there), `RELEASE`
 //! (with `next_owner`: the lock passes to the releaser's next local waiter in
-//! the same step), `UNDO` and `LEAVE_LINE` of
+//! the same step), `UNDO` and `LEAVE_QUEUE` of
 //! `crates/fencelock-redis/src/scripts.rs`, and the core's side: a releaser
 //! hands over to a waiter of its own process (`Guard::release` with
 //! `Lines::take_offer` in `crates/fencelock-core/src/line`), at most
-//! [`RedisLine::max_handoffs`] times in a row; the head's own acquire races
+//! [`RedisQueue::max_handoffs`] times in a row; the head's own acquire races
 //! the handoff, and the one that loses is given up (an acquire dropped in
 //! flight is undone, `Pending` in `crates/fencelock-redis/src/lib.rs`).
 //!
@@ -59,14 +59,14 @@ pub enum Undo {
     WholeHold,
 }
 
-/// Whose places in line lapse.
+/// Whose places in the queue lapse.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Lapse {
     /// Today's: the places of waiters that stopped waiting (gave up without
-    /// their `LEAVE_LINE` arriving yet, or died); a live waiter asks again in
+    /// their `LEAVE_QUEUE` arriving yet, or died); a live waiter asks again in
     /// time.
     Gone,
-    /// None: a place lasts for ever (a dead waiter blocks the line).
+    /// None: a place lasts for ever (a dead waiter blocks the queue).
     Never,
     /// Also a live waiter's (the timing assumption broken: it did not ask
     /// again in time).
@@ -84,7 +84,7 @@ pub struct TaskDef {
 
 /// The model's parameters (its bounds).
 #[derive(Clone, Debug)]
-pub struct RedisLine {
+pub struct RedisQueue {
     /// The tasks.
     pub tasks: Vec<TaskDef>,
     /// Acquire requests a task may send in all (first one and re-checks).
@@ -103,12 +103,12 @@ pub struct RedisLine {
     pub lapse: Lapse,
 }
 
-impl RedisLine {
+impl RedisQueue {
     /// Two writers in process 0 (a releaser and its local waiter), a writer
     /// and a reader in process 1; three requests per task, one handoff in a
     /// row, one death, lost replies, give-ups; places of waiters gone lapse.
     pub fn new(undo: Undo) -> Self {
-        RedisLine {
+        RedisQueue {
             tasks: vec![
                 TaskDef {
                     process: 0,
@@ -147,7 +147,7 @@ impl RedisLine {
     }
 
     /// Whether a live writer of another process was refused (and so stood
-    /// in line) before task `t` was, and waits still.
+    /// in the queue) before task `t` was, and waits still.
     fn overtakes(&self, s: &State, t: usize) -> bool {
         let t8 = t as u8;
         s.arrived.iter().take_while(|&&w| w != t8).any(|&w| {
@@ -161,8 +161,8 @@ impl RedisLine {
         let t8 = t as u8;
         match (&s.hold, self.tasks[t].reader) {
             (Hold::Excl { task, .. }, false) => *task == t8,
-            (Hold::Free, false) => s.line.first().is_none_or(|&f| f == t8),
-            (Hold::Free, true) | (Hold::Shared(_), true) => s.line.is_empty(),
+            (Hold::Free, false) => s.queue.first().is_none_or(|&f| f == t8),
+            (Hold::Free, true) | (Hold::Shared(_), true) => s.queue.is_empty(),
             _ => false,
         }
     }
@@ -176,8 +176,8 @@ impl RedisLine {
         let reader = self.tasks[t].reader;
         let fresh = matches!(s.hold, Hold::Free) || reader;
         if !self.would_grant(s, t) {
-            if !reader && !s.line.contains(&t8) {
-                s.line.push(t8);
+            if !reader && !s.queue.contains(&t8) {
+                s.queue.push(t8);
             }
             if !reader && !s.arrived.contains(&t8) {
                 s.arrived.push(t8);
@@ -202,7 +202,7 @@ impl RedisLine {
                     task: t8,
                     claims: vec![op],
                 };
-                s.line.retain(|&w| w != t8);
+                s.queue.retain(|&w| w != t8);
             }
             Hold::Free => s.hold = Hold::Shared(vec![(t8, vec![op])]),
             Hold::Shared(holders) => match holders.iter_mut().find(|(h, _)| *h == t8) {
@@ -256,7 +256,7 @@ impl RedisLine {
                         task: n,
                         claims: vec![r],
                     };
-                    s.line.retain(|&w| w != n);
+                    s.queue.retain(|&w| w != n);
                     s.arrived.retain(|&w| w != n);
                     s.handoffs += 1;
                     return true;
@@ -311,7 +311,7 @@ pub enum Phase {
     Asking(u8),
     /// Its request ran; the reply (granted or not) is on the way.
     Answered(u8, bool),
-    /// Refused: in line, asks again when that would be granted.
+    /// Refused: in the queue, asks again when that would be granted.
     Waiting,
     /// Holds the lock with the grant of this op.
     Holding(u8),
@@ -358,10 +358,10 @@ pub struct Release {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct State {
     hold: Hold,
-    /// Writers in line, in arrival order.
-    line: Vec<u8>,
+    /// Writers in the queue, in arrival order.
+    queue: Vec<u8>,
     /// Writers refused and not granted since, in the order they were first
-    /// refused (the order the line owes them; only for the properties).
+    /// refused (the order the queue owes them; only for the properties).
     arrived: Vec<u8>,
     /// Ops marked undone (`x`).
     undone: u64,
@@ -374,7 +374,7 @@ pub struct State {
     undos: Vec<u8>,
     /// Releases in flight.
     releases: Vec<Release>,
-    /// `LEAVE_LINE`s in flight.
+    /// `LEAVE_QUEUE`s in flight.
     leaves: Vec<u8>,
     deaths: u8,
     handoffs: u8,
@@ -403,7 +403,7 @@ pub enum Action {
     RunUndo(usize),
     /// A waiter gives up.
     GiveUp(u8),
-    /// A `LEAVE_LINE` runs.
+    /// A `LEAVE_QUEUE` runs.
     RunLeave(usize),
     /// A holder's renewal finds its hold gone.
     NoticeLost(u8),
@@ -415,7 +415,7 @@ pub enum Action {
     Lapse(u8),
 }
 
-impl Model for RedisLine {
+impl Model for RedisQueue {
     type State = State;
     type Action = Action;
 
@@ -423,7 +423,7 @@ impl Model for RedisLine {
         let processes = self.tasks.iter().map(|t| t.process).max().unwrap_or(0) as usize + 1;
         vec![State {
             hold: Hold::Free,
-            line: Vec::new(),
+            queue: Vec::new(),
             arrived: Vec::new(),
             undone: 0,
             tasks: vec![
@@ -480,7 +480,7 @@ impl Model for RedisLine {
                 Lapse::Never => false,
                 Lapse::AlsoLive => true,
             };
-            if lapses && s.line.contains(&t8) {
+            if lapses && s.queue.contains(&t8) {
                 out.push(Action::Lapse(t8));
             }
         }
@@ -637,7 +637,7 @@ impl Model for RedisLine {
             }
             Action::RunLeave(i) => {
                 let t = s.leaves.remove(i);
-                s.line.retain(|&w| w != t);
+                s.queue.retain(|&w| w != t);
             }
             Action::NoticeLost(t) => s.tasks[t as usize].phase = Phase::Lost,
             Action::Die(p) => {
@@ -666,7 +666,7 @@ impl Model for RedisLine {
                     _ => Hold::Free,
                 };
             }
-            Action::Lapse(t) => s.line.retain(|&w| w != t),
+            Action::Lapse(t) => s.queue.retain(|&w| w != t),
         }
         Some(s)
     }
@@ -675,7 +675,7 @@ impl Model for RedisLine {
         vec![
             Property::always(
                 "one writer at most, never beside readers",
-                |m: &RedisLine, s: &State| {
+                |m: &RedisQueue, s: &State| {
                     let holding = |reader: bool| {
                         s.tasks
                             .iter()
@@ -694,7 +694,7 @@ impl Model for RedisLine {
                 "no grant ahead of a live waiter of another process",
                 |_, s: &State| !s.barged,
             ),
-            Property::always("nobody waits forever", |m: &RedisLine, s: &State| {
+            Property::always("nobody waits forever", |m: &RedisQueue, s: &State| {
                 // Stuck: someone waits, and nothing but a fault (a death, a
                 // waiter giving up before its budget is spent) can happen.
                 let mut next = Vec::new();
@@ -730,7 +730,7 @@ impl State {
     }
 }
 
-impl RedisLine {
+impl RedisQueue {
     /// Whether the server still holds task `t`'s grant `lease`.
     fn holds(&self, s: &State, t: usize, lease: u8) -> bool {
         let t8 = t as u8;

@@ -1,7 +1,7 @@
-//! The line of exclusive waiters (see the `scripts` module): a free lock goes
+//! The queue of exclusive waiters (see the `scripts` module): a free lock goes
 //! to the first live waiter, so a releaser cannot barge back in ahead of a
 //! waiter in another process; a waiter that gives up, is cancelled or dies
-//! does not hold the line up for long; new readers wait behind a waiting
+//! does not hold the queue up for long; new readers wait behind a waiting
 //! writer. Two `Locker`s on their own connections
 //! stand for two processes.
 
@@ -14,7 +14,7 @@ use fencelock_testkit::FaultProxy;
 const SHARED: &str = "redis://127.0.0.1:6379";
 
 fn unique(name: &str) -> String {
-    format!("line/{name}/{}", uuid::Uuid::new_v4().simple())
+    format!("queue/{name}/{}", uuid::Uuid::new_v4().simple())
 }
 
 async fn locker() -> Locker {
@@ -39,7 +39,7 @@ async fn free_within(l: &Locker, key: &str, within: Duration) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_in_another_process_goes_before_the_releaser_comes_back() {
     // The waiter hears of a release and answers 50 ms late each way, far
-    // behind the releaser: only the line can put it first.
+    // behind the releaser: only the queue can put it first.
     let proxy = FaultProxy::start("127.0.0.1:6379".parse().unwrap())
         .await
         .unwrap();
@@ -56,19 +56,19 @@ async fn a_waiter_in_another_process_goes_before_the_releaser_comes_back() {
         let (b2, k) = (b.clone(), key.clone());
         let waiter =
             tokio::spawn(async move { b2.lock(&k).wait(Duration::from_secs(10)).acquire().await });
-        // In line after its first (refused) attempt: 100 ms through the proxy.
+        // In the queue after its first (refused) attempt: 100 ms through the proxy.
         tokio::time::sleep(Duration::from_millis(400)).await;
         held.release().await.unwrap();
         // Straight back, before the waiter has even heard of the release.
         let again = a.lock(&key).try_acquire().await.unwrap();
         assert!(
             again.is_none(),
-            "round {round}: the releaser took the lock back ahead of the waiter in line"
+            "round {round}: the releaser took the lock back ahead of the waiter in the queue"
         );
         let g = waiter
             .await
             .unwrap()
-            .expect("the waiter in line was not granted");
+            .expect("the waiter in the queue was not granted");
         g.release().await.unwrap();
     }
 }
@@ -89,7 +89,7 @@ async fn a_waiter_that_times_out_leaves_the_line() {
     let g = c.lock(&key).try_acquire().await.unwrap();
     assert!(
         g.is_some(),
-        "a free lock refused: the timed-out waiter still stands in line"
+        "a free lock refused: the timed-out waiter still stands in the queue"
     );
 }
 
@@ -116,7 +116,7 @@ async fn a_cancelled_waiter_leaves_the_line() {
 async fn a_dead_waiters_place_lapses() {
     let c = locker().await;
     let key = unique("dead");
-    // A waiter that stood in line and died: its place lapses in 600 ms.
+    // A waiter that stood in the queue and died: its place lapses in 600 ms.
     let mut conn = redis::Client::open(SHARED)
         .unwrap()
         .get_multiplexed_async_connection()
@@ -136,7 +136,7 @@ async fn a_dead_waiters_place_lapses() {
         .unwrap();
     assert!(
         c.lock(&key).try_acquire().await.unwrap().is_none(),
-        "a free lock went past the first waiter in line"
+        "a free lock went past the first waiter in the queue"
     );
     assert!(
         free_within(&c, &key, Duration::from_secs(2)).await,
@@ -147,7 +147,7 @@ async fn a_dead_waiters_place_lapses() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert!(!left, "the line outlived its last waiter");
+    assert!(!left, "the queue outlived its last waiter");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -161,7 +161,7 @@ async fn new_readers_wait_behind_a_waiting_writer() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         b.read_lock(&key).try_acquire().await.unwrap().is_none(),
-        "a new reader went past a writer waiting in line"
+        "a new reader went past a writer waiting in the queue"
     );
     r.release().await.unwrap();
     let w = writer

@@ -1,7 +1,7 @@
-//! Model checks of the Redis waiting line with handoff
-//! (`fencelock_models::redis_line`; bounds and state counts: `docs/SAFETY.md`).
+//! Model checks of the Redis waiting queue with handoff
+//! (`fencelock_models::redis_queue`; bounds and state counts: `docs/SAFETY.md`).
 
-use fencelock_models::redis_line::{Lapse, RedisLine, Undo};
+use fencelock_models::redis_queue::{Lapse, RedisQueue, Undo};
 use stateright::{Checker, HasDiscoveries, Model};
 
 /// The largest state count a check may reach (memory: the mutations' state
@@ -9,7 +9,7 @@ use stateright::{Checker, HasDiscoveries, Model};
 /// counterexample, found within a few thousand states).
 const CAP: usize = 5_000_000;
 
-fn check(model: RedisLine) -> impl Checker<RedisLine> {
+fn check(model: RedisQueue) -> impl Checker<RedisQueue> {
     let checker = model
         .checker()
         .threads(2)
@@ -24,7 +24,7 @@ fn check(model: RedisLine) -> impl Checker<RedisLine> {
 }
 
 /// Checks `model` until `property` has a discovery.
-fn find(model: RedisLine, property: &'static str) -> impl Checker<RedisLine> {
+fn find(model: RedisQueue, property: &'static str) -> impl Checker<RedisQueue> {
     let checker = model
         .checker()
         .threads(2)
@@ -35,7 +35,7 @@ fn find(model: RedisLine, property: &'static str) -> impl Checker<RedisLine> {
     report(checker)
 }
 
-fn report(checker: impl Checker<RedisLine>) -> impl Checker<RedisLine> {
+fn report(checker: impl Checker<RedisQueue>) -> impl Checker<RedisQueue> {
     let m = checker.model();
     println!(
         "{} tasks, {} requests each, {} handoff(s) in a row, {} death(s), lost replies {}, give-ups {}, {:?}, lapse {:?}: {} states",
@@ -53,8 +53,8 @@ fn report(checker: impl Checker<RedisLine>) -> impl Checker<RedisLine> {
 }
 
 #[test]
-fn the_line_keeps_exclusion_order_and_progress() {
-    check(RedisLine::new(Undo::Exact)).assert_properties();
+fn the_queue_keeps_exclusion_order_and_progress() {
+    check(RedisQueue::new(Undo::Exact)).assert_properties();
 }
 
 /// The mutation check: an undo that takes back the whole hold its op found
@@ -63,7 +63,7 @@ fn the_line_keeps_exclusion_order_and_progress() {
 /// handoff racing the head's own request.)
 #[test]
 fn an_undo_that_takes_the_whole_hold_gives_two_writers() {
-    let mut model = RedisLine::new(Undo::WholeHold);
+    let mut model = RedisQueue::new(Undo::WholeHold);
     model.lost_replies = false;
     let checker = find(model, "one writer at most, never beside readers");
     let path = checker
@@ -73,7 +73,7 @@ fn an_undo_that_takes_the_whole_hold_gives_two_writers() {
     println!("counterexample: {path:?}");
     assert!(
         path.iter()
-            .any(|a| matches!(a, fencelock_models::redis_line::Action::RunOrphan(_))),
+            .any(|a| matches!(a, fencelock_models::redis_queue::Action::RunOrphan(_))),
         "the counterexample has no given-up request joining the handed hold"
     );
 }
@@ -82,7 +82,7 @@ fn an_undo_that_takes_the_whole_hold_gives_two_writers() {
 /// did not ask again in time) is overtaken.
 #[test]
 fn a_live_waiter_whose_place_lapses_is_overtaken() {
-    let mut model = RedisLine::new(Undo::Exact);
+    let mut model = RedisQueue::new(Undo::Exact);
     model.lapse = Lapse::AlsoLive;
     let checker = find(model, "no grant ahead of a live waiter of another process");
     assert!(
@@ -93,11 +93,11 @@ fn a_live_waiter_whose_place_lapses_is_overtaken() {
     );
 }
 
-/// The lapse is needed: without it a dead waiter's place blocks the line
+/// The lapse is needed: without it a dead waiter's place blocks the queue
 /// for ever (the liveness property can fail).
 #[test]
-fn without_lapses_a_dead_waiter_blocks_the_line() {
-    let mut model = RedisLine::new(Undo::Exact);
+fn without_lapses_a_dead_waiter_blocks_the_queue() {
+    let mut model = RedisQueue::new(Undo::Exact);
     model.lapse = Lapse::Never;
     let checker = find(model, "nobody waits forever");
     assert!(
