@@ -26,6 +26,8 @@ use crate::token::FencingToken;
 pub use crate::url::BackendUrl;
 pub use crate::wait::{TryOutcome, wait_for_grant};
 pub use async_trait::async_trait;
+#[doc(hidden)]
+pub use tokio as __tokio;
 
 /// One request to acquire a lock.
 #[derive(Debug, Clone)]
@@ -416,4 +418,98 @@ pub fn unix_millis(t: SystemTime) -> i64 {
         Ok(d) => d.as_millis() as i64,
         Err(e) => -(e.duration().as_millis() as i64),
     }
+}
+
+/// Implements [`Backend`] for `$ty` by handing every call to
+/// `self.$get()` (a `&dyn Backend`): for a backend whose modes are backends
+/// of their own, picked when it connects.
+///
+/// ```ignore
+/// impl PostgresBackend {
+///     fn mode(&self) -> &dyn Backend { &*self.inner.mode }
+/// }
+/// fencelock_core::delegate_backend!(PostgresBackend, mode);
+/// ```
+#[macro_export]
+macro_rules! delegate_backend {
+    ($ty:ty, $get:ident) => {
+        #[$crate::backend::async_trait]
+        impl $crate::Backend for $ty {
+            fn name(&self) -> &'static str {
+                self.$get().name()
+            }
+
+            fn capabilities(&self) -> $crate::Capabilities {
+                self.$get().capabilities()
+            }
+
+            fn address(&self) -> String {
+                self.$get().address()
+            }
+
+            fn default_ttl(&self) -> Option<::std::time::Duration> {
+                self.$get().default_ttl()
+            }
+
+            fn session_events(
+                &self,
+            ) -> Option<$crate::backend::__tokio::sync::watch::Receiver<u64>> {
+                self.$get().session_events()
+            }
+
+            async fn try_acquire(
+                &self,
+                req: &$crate::backend::Request,
+            ) -> $crate::Result<Option<$crate::backend::Grant>> {
+                self.$get().try_acquire(req).await
+            }
+
+            async fn acquire(
+                &self,
+                req: &$crate::backend::Request,
+                deadline: Option<$crate::backend::__tokio::time::Instant>,
+            ) -> $crate::Result<Option<$crate::backend::Grant>> {
+                self.$get().acquire(req, deadline).await
+            }
+
+            async fn renew(
+                &self,
+                leases: &[$crate::backend::LeaseRef],
+            ) -> $crate::Result<Vec<$crate::backend::Renewal>> {
+                self.$get().renew(leases).await
+            }
+
+            async fn release(
+                &self,
+                lease: &$crate::backend::LeaseRef,
+            ) -> $crate::Result<$crate::backend::Released> {
+                self.$get().release(lease).await
+            }
+
+            async fn release_to(
+                &self,
+                lease: &$crate::backend::LeaseRef,
+                next: &$crate::backend::Request,
+            ) -> $crate::Result<($crate::backend::Released, Option<$crate::backend::Grant>)> {
+                self.$get().release_to(lease, next).await
+            }
+
+            async fn wait_change(
+                &self,
+                key: &$crate::Key,
+                backoff: &mut $crate::backend::Backoff,
+                deadline: Option<$crate::backend::__tokio::time::Instant>,
+            ) -> $crate::Result<()> {
+                self.$get().wait_change(key, backoff, deadline).await
+            }
+
+            async fn inspect(&self, key: &$crate::Key) -> $crate::Result<Option<$crate::LockInfo>> {
+                self.$get().inspect(key).await
+            }
+
+            async fn list(&self, prefix: &str) -> $crate::Result<Vec<$crate::LockInfo>> {
+                self.$get().list(prefix).await
+            }
+        }
+    };
 }

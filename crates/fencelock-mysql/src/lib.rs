@@ -86,11 +86,9 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fencelock_core::backend::{Grant, LeaseRef, Released, Renewal, Request, async_trait};
-use fencelock_core::{Backend, Capabilities, Error, Key, LockInfo, Result};
+use fencelock_core::{Backend, Error, Key, Result};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use tokio::sync::Notify;
-use tokio::time::Instant;
 
 pub use options::{MyMode, MyOptions};
 
@@ -208,62 +206,15 @@ impl MySqlBackend {
         self.inner.released.notify_waiters();
         Ok(())
     }
-}
 
-#[async_trait]
-impl Backend for MySqlBackend {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.inner.mode.capabilities()
-    }
-
-    fn address(&self) -> String {
-        self.inner.mode.address()
-    }
-
-    fn default_ttl(&self) -> Option<Duration> {
-        self.inner.mode.default_ttl()
-    }
-
-    fn session_events(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
-        self.inner.mode.session_events()
-    }
-
-    async fn try_acquire(&self, req: &Request) -> Result<Option<Grant>> {
-        self.inner.mode.try_acquire(req).await
-    }
-
-    async fn acquire(&self, req: &Request, deadline: Option<Instant>) -> Result<Option<Grant>> {
-        self.inner.mode.acquire(req, deadline).await
-    }
-
-    async fn renew(&self, leases: &[LeaseRef]) -> Result<Vec<Renewal>> {
-        self.inner.mode.renew(leases).await
-    }
-
-    async fn release(&self, lease: &LeaseRef) -> Result<Released> {
-        self.inner.mode.release(lease).await
-    }
-
-    async fn release_to(
-        &self,
-        lease: &LeaseRef,
-        next: &Request,
-    ) -> Result<(Released, Option<Grant>)> {
-        self.inner.mode.release_to(lease, next).await
-    }
-
-    async fn inspect(&self, key: &Key) -> Result<Option<LockInfo>> {
-        self.inner.mode.inspect(key).await
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
-        self.inner.mode.list(prefix).await
+    /// The backend of the mode in force.
+    fn mode(&self) -> &dyn Backend {
+        &*self.inner.mode
     }
 }
+
+// Every call goes to the mode's own backend.
+fencelock_core::delegate_backend!(MySqlBackend, mode);
 
 impl std::fmt::Debug for MySqlBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
