@@ -1,0 +1,202 @@
+//! Leases: TTL expiry, the watchdog, fixed leases, max_hold, the lost signal.
+
+use super::*;
+
+pub(super) async fn ttl_frees_a_leaked_guard(cx: &Ctx) -> CaseResult {
+    let (a, b) = (cx.locker().await?, cx.locker().await?);
+    let key = cx.key("k");
+    let g = a.lock(&key).ttl(cx.ttl).acquire().await?;
+    let first = g.token();
+    let start = Instant::now();
+    let _ = g.leak();
+    ensure!(
+        b.lock(&key).try_acquire().await?.is_none(),
+        "a leaked lock was free at once"
+    );
+    let g2 = b.lock(&key).wait(cx.soon()).acquire().await?;
+    let took = start.elapsed();
+    ensure!(
+        took >= cx.ttl / 2,
+        "freed after {took:?}, well before the TTL {:?}",
+        cx.ttl
+    );
+    if cx.caps.fencing {
+        ensure!(
+            g2.token() > first,
+            "token {:?} after {:?}",
+            g2.token(),
+            first
+        );
+    }
+    g2.release().await?;
+    Ok(())
+}
+
+pub(super) async fn watchdog_keeps_lock_past_3x_ttl(cx: &Ctx) -> CaseResult {
+    let (a, b) = (cx.locker().await?, cx.locker().await?);
+    let key = cx.key("k");
+    let g = a.lock(&key).ttl(cx.ttl).acquire().await?;
+    tokio::time::sleep(cx.ttl * 7 / 2).await;
+    ensure!(g.is_valid(), "the guard is no longer valid after 3.5 × ttl");
+    ensure!(
+        b.lock(&key).try_acquire().await?.is_none(),
+        "another client got the lock the watchdog keeps"
+    );
+    g.release().await?;
+    Ok(())
+}
+
+pub(super) async fn fixed_lease_expires_and_fires_lost(cx: &Ctx) -> CaseResult {
+    let (a, b) = (cx.locker().await?, cx.locker().await?);
+    let key = cx.key("k");
+    let start = Instant::now();
+    let g = a.lock(&key).lease(cx.ttl).acquire().await?;
+    let lost = tokio::time::timeout(cx.soon(), g.lost())
+        .await
+        .map_err(|_| Fail("lost() did not fire for a fixed lease".into()))?;
+    ensure!(
+        matches!(
+            lost,
+            Error::Lost {
+                reason: LostReason::Expired,
+                ..
+            }
+        ),
+        "expected Lost(Expired), got {lost:?}"
+    );
+    ensure!(
+        start.elapsed() >= cx.ttl / 2,
+        "a fixed lease was lost after {:?}",
+        start.elapsed()
+    );
+    ensure!(!g.is_valid(), "is_valid() after lost()");
+    let g2 = b.lock(&key).wait(cx.soon()).acquire().await?;
+    g2.release().await?;
+    Ok(())
+}
+
+pub(super) async fn max_hold_stops_renewal(cx: &Ctx) -> CaseResult {
+    let (a, b) = (cx.locker().await?, cx.locker().await?);
+    let key = cx.key("k");
+    let g = a.lock(&key).ttl(cx.ttl).max_hold(cx.ttl).acquire().await?;
+    let lost = tokio::time::timeout(cx.soon(), g.lost())
+        .await
+        .map_err(|_| Fail("lost() did not fire after max_hold".into()))?;
+    ensure!(
+        matches!(
+            lost,
+            Error::Lost {
+                reason: LostReason::MaxHold,
+                ..
+            }
+        ),
+        "expected Lost(MaxHold), got {lost:?}"
+    );
+    let g2 = b.lock(&key).wait(cx.soon()).acquire().await?;
+    g2.release().await?;
+    Ok(())
+}
+
+pub(super) async fn lost_fires_when_lease_is_stolen(cx: &Ctx) -> CaseResult {
+    let (a, b, c) = (cx.locker().await?, cx.locker().await?, cx.locker().await?);
+    let key = cx.key("k");
+    let g = a.lock(&key).ttl(cx.ttl).acquire().await?;
+    cx.harness.steal(&Key::new(&key)?).await?;
+    let lost = tokio::time::timeout(cx.soon(), g.lost())
+        .await
+        .map_err(|_| Fail("lost() did not fire after the lease was deleted".into()))?;
+    ensure!(
+        matches!(
+            lost,
+            Error::Lost {
+                reason: LostReason::NotHeld(_) | LostReason::SessionEnded(_),
+                ..
+            }
+        ),
+        "expected Lost(NotHeld), got {lost:?}"
+    );
+    ensure!(!g.is_valid(), "is_valid() after lost()");
+    let g2 = b.lock(&key).wait(cx.soon()).acquire().await?;
+    // The old holder's release must not free the new holder's lock.
+    let r = g.release().await;
+    ensure!(
+        matches!(r, Err(Error::NotHeld { .. })),
+        "stale release: expected NotHeld, got {r:?}"
+    );
+    ensure!(
+        c.lock(&key).try_acquire().await?.is_none(),
+        "a stale release freed the new holder's lock"
+    );
+    g2.release().await?;
+    Ok(())
+}
+
+pub(super) async fn lost_fires_when_renewal_fails(cx: &Ctx) -> CaseResult {
+    let (a, flaky) = cx.client().await?;
+    let key = cx.key("k");
+    let g = a.lock(&key).ttl(cx.ttl).acquire().await?;
+    flaky.fail_renewals(true);
+    let start = Instant::now();
+    let lost = tokio::time::timeout(cx.soon(), g.lost())
+        .await
+        .map_err(|_| Fail("lost() did not fire while renewals failed".into()))?;
+    ensure!(
+        matches!(
+            lost,
+            Error::Lost {
+                reason: LostReason::RenewFailed(_),
+                ..
+            }
+        ),
+        "expected Lost(RenewFailed), got {lost:?}"
+    );
+    ensure!(
+        start.elapsed() <= cx.ttl + Duration::from_secs(2),
+        "lost() fired {:?} after renewals began to fail (ttl {:?})",
+        start.elapsed(),
+        cx.ttl
+    );
+    ensure!(!g.is_valid(), "is_valid() after lost()");
+    flaky.fail_renewals(false);
+    // Never silently re-acquired: the guard stays lost even though renewals work again.
+    tokio::time::sleep(cx.ttl / 2).await;
+    ensure!(!g.is_valid(), "a lost guard became valid again");
+    drop(g);
+    Ok(())
+}
+
+pub(super) async fn run_cancels_closure_on_lost(cx: &Ctx) -> CaseResult {
+    let a = cx.locker().await?;
+    let key = cx.key("k");
+    let finished = Arc::new(AtomicBool::new(false));
+    let (harness, k) = (cx.harness.clone(), Key::new(&key)?);
+    let thief = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        harness.steal(&k).await
+    });
+    let f = finished.clone();
+    let long = cx.soon() * 2;
+    let start = Instant::now();
+    let r = a
+        .lock(&key)
+        .ttl(cx.ttl)
+        .run(|_lease| async move {
+            tokio::time::sleep(long).await;
+            f.store(true, Ordering::SeqCst);
+        })
+        .await;
+    thief.await.map_err(|e| Fail(e.to_string()))??;
+    ensure!(
+        matches!(r, Err(Error::Lost { .. })),
+        "expected Lost, got {r:?}"
+    );
+    ensure!(
+        !finished.load(Ordering::SeqCst),
+        "the closure ran to its end after the lease was lost"
+    );
+    ensure!(
+        start.elapsed() < long,
+        "run() returned only after the closure's own time"
+    );
+    Ok(())
+}
