@@ -1,9 +1,10 @@
 //! The Redlock fencing token: a quorum max-register floored at the instances'
 //! clocks.
 //!
-//! Abstracts `crates/fencelock-redis/src/redlock.rs` — `RedlockBackend::acquire`
-//! (a round to every instance, decided on a majority), `propose` and `observe`
-//! (the proposal from the latest instance clock reading), `settle_token` (the
+//! Abstracts `crates/fencelock-redis/src/redlock/` — `RedlockBackend::acquire`
+//! and `attempt` (`rounds.rs`: a round to every instance, decided on a
+//! majority), `propose` and `observe` (`token.rs`:
+//! the proposal from the latest instance clock reading), `settle_token` (the
 //! largest answer, written back with `RAISE_FENCE` when the answers differ) —
 //! and the Lua `mint` in `crates/fencelock-redis/src/scripts.rs`
 //! (`max(F + 1, instance clock, proposal)`).
@@ -23,7 +24,7 @@
 //! holder's acquire is no longer live (the drift assumption: instance TTLs
 //! outlast the client's validity).
 //!
-//! The timing assumptions the module docs of `redlock.rs` state are steps the
+//! The timing assumptions the module docs of `redlock/mod.rs` state are steps the
 //! model only allows under them: instance clocks never step back (they follow
 //! real time), and an instance that lost its data comes back no sooner than
 //! [`RedlockToken::down_ticks`] (for tokens: more than the instances' clock
