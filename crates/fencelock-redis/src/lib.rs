@@ -61,8 +61,10 @@
 //!   is gone is reported lost and never re-created. On a cluster a stalled
 //!   primary costs only the leases it keeps.
 //! - **Release** touches only the lease's own hold: never another owner's,
-//!   nor another reentrant hold of the same owner. A release retried after its
-//!   reply was lost reports what the first run did; one that never reached
+//!   nor another reentrant hold of the same owner. A release is sent again on
+//!   connection trouble, with backoff, for up to the response timeout (a
+//!   handoff is not: its waiter waits on); a release
+//!   sent again after its reply was lost reports what the first run did; one that never reached
 //!   Redis reports [`NotHeld`](fencelock_core::Error::NotHeld) if the hold has
 //!   gone to another owner meanwhile.
 //! - **Cancellation.** An acquire dropped while its request is in flight is
@@ -71,8 +73,8 @@
 //!   be reached for the undo, the hold expires after its TTL.)
 //!
 //! The marks that make scripts act once cost one short-lived key per release
-//! (about 80 bytes, kept for four response timeouts,
-//! 20 s by default).
+//! (about 80 bytes, kept for six response timeouts,
+//! 30 s by default).
 //!
 //! # Waiting
 //!
@@ -361,9 +363,13 @@ impl RedisBackend {
     /// Deletes every hold of `key` at once (an operator breaking a lock; the
     /// testkit's "stolen lease") and wakes its waiters. The fence stays.
     ///
+    /// On connection trouble the request is sent again, with backoff, for up
+    /// to the response timeout; a second run never deletes the holds of an
+    /// owner that took the lock after the first.
+    ///
     /// # Errors
     ///
-    /// Connection and server errors.
+    /// Connection and server errors (after those re-sends).
     pub async fn force_release(&self, key: &Key) -> Result<()> {
         self.node().force_release(key).await
     }

@@ -86,6 +86,9 @@ pub(crate) struct Node {
     prefix: String,
     /// How long an operation's mark is kept (see `scripts`).
     mark_ms: u64,
+    /// How long a release, an undo or a forced release is sent again on
+    /// connection trouble (the response timeout).
+    patience: Duration,
     ops: OpIds,
 }
 
@@ -140,7 +143,10 @@ impl Node {
             subs,
             address,
             prefix: options.prefix.clone(),
-            mark_ms: (options.response_timeout * 4).as_millis() as u64,
+            // One call's sends span at most `patience` (one response timeout)
+            // and then redis-rs's own four sends of up to a timeout each.
+            mark_ms: (options.response_timeout * 6).as_millis() as u64,
+            patience: options.response_timeout,
             ops: OpIds::new(),
         })
     }
@@ -198,6 +204,30 @@ impl Node {
 
     pub(crate) fn err(&self, e: redis::RedisError) -> Error {
         map_err(e, &self.address)
+    }
+
+    /// Runs `send` (a call whose second run acts as its first: a marked op)
+    /// again on connection trouble, with backoff, until [`Node::patience`]
+    /// has passed since the first send. On a cluster, redis-rs re-sends at
+    /// once a few times and then gives up with the last node's answer (often
+    /// a `MOVED` from a node it fell back to), so a primary that is out of
+    /// reach for a moment would fail the call within milliseconds.
+    async fn resend<T, F, Fut>(&self, mut send: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
+        let start = std::time::Instant::now();
+        let mut pause = Duration::from_millis(50);
+        loop {
+            match send().await {
+                Err(e) if is_transient(&e) && start.elapsed() + pause < self.patience => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                }
+                other => return other.map_err(|e| self.err(e)),
+            }
+        }
     }
 
     /// One run of the acquire script as operation `op`; `proposal` floors a
@@ -317,37 +347,32 @@ impl Node {
         } else {
             self.grant_conn()
         };
-        let mut attempt = 0u64;
-        loop {
-            attempt += 1;
-            let r = conn
-                .invoke(
-                    scripts::RELEASE
-                        .key(&k.hash)
-                        .key(&k.expiry)
-                        .key(&mark)
-                        .key(&k.fence)
-                        .key(&k.queue)
-                        .key(&k.queue_lapse)
-                        .arg(lease.owner.as_str())
-                        .arg(&k.channel)
-                        .arg(self.mark_ms)
-                        .arg(next_owner)
-                        .arg(next_ttl)
-                        .arg(proposal)
-                        .arg(op.as_str())
-                        .arg(&lease.handle),
-                )
-                .await;
-            match r {
-                Ok(v) => return Ok(v),
-                // The reply may have been lost after the script ran: run the
-                // same op again. (A handoff is not retried: its next owner waits on.)
-                Err(e) if attempt < 3 && next_owner.is_empty() && is_transient(&e) => {
-                    tokio::time::sleep(Duration::from_millis(50 * attempt)).await;
-                }
-                Err(e) => return Err(self.err(e)),
-            }
+        let send = || {
+            conn.invoke(
+                scripts::RELEASE
+                    .key(&k.hash)
+                    .key(&k.expiry)
+                    .key(&mark)
+                    .key(&k.fence)
+                    .key(&k.queue)
+                    .key(&k.queue_lapse)
+                    .arg(lease.owner.as_str())
+                    .arg(&k.channel)
+                    .arg(self.mark_ms)
+                    .arg(next_owner)
+                    .arg(next_ttl)
+                    .arg(proposal)
+                    .arg(op.as_str())
+                    .arg(&lease.handle),
+            )
+        };
+        if next_owner.is_empty() {
+            // The reply may have been lost after the script ran: run the same
+            // op again.
+            self.resend(send).await
+        } else {
+            // A handoff is not sent again: its next owner waits on.
+            send().await.map_err(|e| self.err(e))
         }
     }
 
@@ -358,12 +383,10 @@ impl Node {
     pub(crate) async fn undo(&self, key: &Key, owner: &str, op: &Op) -> Result<bool> {
         let k = self.keys(key);
         let mark = self.mark(&k, op);
-        let mut attempt = 0u64;
-        loop {
-            attempt += 1;
-            let r = self
-                .conn
-                .invoke::<i64>(
+        // Undoing twice is undoing once: sent again on connection trouble.
+        let undone: i64 = self
+            .resend(|| {
+                self.conn.invoke(
                     scripts::UNDO
                         .key(&k.hash)
                         .key(&k.expiry)
@@ -373,16 +396,9 @@ impl Node {
                         .arg(self.mark_ms)
                         .arg(op.as_str()),
                 )
-                .await;
-            match r {
-                Ok(undone) => return Ok(undone == 1),
-                // Undoing twice is undoing once: try again on connection trouble.
-                Err(e) if attempt < 3 && is_transient(&e) => {
-                    tokio::time::sleep(Duration::from_millis(50 * attempt)).await;
-                }
-                Err(e) => return Err(self.err(e)),
-            }
-        }
+            })
+            .await?;
+        Ok(undone == 1)
     }
 
     /// Takes `owner` out of `key`'s queue of waiters.
@@ -406,18 +422,20 @@ impl Node {
     pub(crate) async fn force_release(&self, key: &Key) -> Result<()> {
         let k = self.keys(key);
         let mark = self.mark(&k, &self.op());
+        // The op's mark makes a second run a no-op (it never deletes the
+        // holds of an owner that came after the first).
         let _: i64 = self
-            .conn
-            .invoke(
-                scripts::FORCE_RELEASE
-                    .key(&k.hash)
-                    .key(&k.expiry)
-                    .key(mark)
-                    .arg(&k.channel)
-                    .arg(self.mark_ms),
-            )
-            .await
-            .map_err(|e| self.err(e))?;
+            .resend(|| {
+                self.conn.invoke(
+                    scripts::FORCE_RELEASE
+                        .key(&k.hash)
+                        .key(&k.expiry)
+                        .key(&mark)
+                        .arg(&k.channel)
+                        .arg(self.mark_ms),
+                )
+            })
+            .await?;
         Ok(())
     }
 
@@ -491,9 +509,11 @@ impl Node {
     }
 }
 
-/// Connection trouble, after which a request may or may not have run.
+/// Connection trouble, after which a request may or may not have run, or a
+/// cluster's answer that it did not run it here (`MOVED`, `ASK`, `TRYAGAIN`,
+/// `CLUSTERDOWN`: redis-rs gave up following them).
 fn is_transient(e: &redis::RedisError) -> bool {
-    e.is_io_error() || e.is_timeout() || e.is_connection_dropped()
+    e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_cluster_error()
 }
 
 /// A key as it stands inside the hash tag: `%` and `}` percent-encoded, so

@@ -50,8 +50,11 @@
 //!   it arrive after its undo, grants nothing, and a release, hands nothing
 //!   over.
 //!
-//! The marks live for four response timeouts (20 s by default), far longer than
-//! a request can be in flight on a connection the client still uses.
+//! The marks live for six response timeouts (30 s by default), longer than one
+//! call can go on sending: fencelock sends a release, an undo or a forced
+//! release again for up to one response timeout after the first send, and
+//! redis-rs's cluster client sends each of those up to four times, each
+//! waiting up to one timeout for its reply.
 //!
 //! # The queue
 //!

@@ -215,8 +215,10 @@ async fn a_force_release_sent_again_after_a_lost_reply_spares_the_next_owner() {
         .await
         .unwrap()
         .expect("free after force_release");
+    // The primary is out of reach for two seconds (failed the call with a
+    // `MOVED` from another node before the call was sent again with backoff).
     cluster.proxies[node].cut();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
     cluster.proxies[node].restore();
     tokio::time::timeout(Duration::from_secs(30), forcing)
         .await
