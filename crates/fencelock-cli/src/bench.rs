@@ -361,7 +361,7 @@ pub async fn bench(args: BenchArgs) -> u8 {
     let run_id = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
     let mut results = Vec::new();
     for url in &urls {
-        let locker = match Locker::connect(url).await {
+        let locker = match fencelock::connect(url).await {
             Ok(l) => l,
             Err(e) => return exit::report(&e),
         };

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::Args;
-use fencelock::{Hold, Locker, Mode, check_history};
+use fencelock::{Hold, Mode, check_history};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
 
@@ -48,7 +48,7 @@ fn bump(counter: &Path) -> std::io::Result<()> {
 
 /// The child: waits for "go" on stdin, runs its tasks, prints its holds.
 pub async fn worker(args: WorkerArgs) -> u8 {
-    let locker = match Locker::connect(&args.backend).await {
+    let locker = match fencelock::connect(&args.backend).await {
         Ok(l) => l,
         Err(e) => return exit::report(&e),
     };

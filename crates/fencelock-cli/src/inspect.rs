@@ -57,7 +57,7 @@ fn unsupported_or(e: &Error, backend: &str) -> u8 {
 }
 
 async fn connect(url: &str) -> Result<Locker, u8> {
-    Locker::connect(url).await.map_err(|e| exit::report(&e))
+    fencelock::connect(url).await.map_err(|e| exit::report(&e))
 }
 
 pub async fn status(args: StatusArgs) -> u8 {

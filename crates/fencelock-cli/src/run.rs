@@ -93,7 +93,7 @@ pub async fn run(args: RunArgs) -> u8 {
             humantime::format_duration(window),
         );
     }
-    let locker = match fencelock::Locker::connect(&args.backend.url()).await {
+    let locker = match fencelock::connect(&args.backend.url()).await {
         Ok(l) => l,
         Err(e) => return exit::report(&e),
     };

@@ -230,7 +230,7 @@ pub async fn run(cfg: Config) -> io::Result<Report> {
         (None, Some(u)) => u.trim().to_string(),
         (None, None) => return Err(io::Error::other("give --backend URL or --spawn KIND")),
     };
-    let probe = fencelock::Locker::connect(&url).await.map_err(|e| {
+    let probe = fencelock::connect(&url).await.map_err(|e| {
         io::Error::other(format!(
             "cannot reach {}: {e}",
             fencelock::backend::redact_url(&url)

@@ -251,7 +251,7 @@ fn emit_error(text: String) {
 async fn connect(url: &str) -> fencelock::Result<Locker> {
     let start = Instant::now();
     loop {
-        match tokio::time::timeout(Duration::from_secs(10), Locker::connect(url)).await {
+        match tokio::time::timeout(Duration::from_secs(10), fencelock::connect(url)).await {
             Ok(Ok(l)) => return Ok(l),
             Ok(Err(e)) if start.elapsed() > Duration::from_secs(30) => return Err(e),
             Ok(Err(Error::InvalidConfig(m))) => return Err(Error::InvalidConfig(m)),

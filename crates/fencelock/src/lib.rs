@@ -21,12 +21,11 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use fencelock::Locker;
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> fencelock::Result<()> {
 //! # let dir = tempfile::tempdir().unwrap();
 //! # let url = format!("sqlite://{}", dir.path().join("locks.db").display());
-//! let locker = Locker::connect(&url).await?;
+//! let locker = fencelock::connect(&url).await?;
 //! let guard = locker
 //!     .lock("orders/42")
 //!     .ttl(Duration::from_secs(30))
@@ -39,7 +38,6 @@
 //! ```
 #![warn(missing_docs)]
 
-use std::ops::Deref;
 use std::sync::Arc;
 
 pub use fencelock_core::*;
@@ -164,49 +162,26 @@ pub async fn connect_backend(url: &str) -> Result<Arc<dyn Backend>> {
     )
 }
 
-/// A [`fencelock_core::Locker`] that can also be opened from a URL.
+/// Opens a [`Locker`] on the backend `url` names (see the table in the crate
+/// docs). The locker is the core's: build one on a backend value with
+/// [`Locker::new`] instead.
 ///
-/// It dereferences to the core locker, so every method of
-/// [`fencelock_core::Locker`] (`lock`, `read_lock`, `semaphore`, `multi_lock`,
-/// `inspect`, …) is available on it.
-#[derive(Clone, Debug)]
-pub struct Locker(fencelock_core::Locker);
-
-impl Locker {
-    /// Connects to the backend `url` names (see the table in the crate docs).
-    ///
-    /// # Errors
-    ///
-    /// As [`connect_backend`].
-    pub async fn connect(url: &str) -> Result<Locker> {
-        Ok(Locker(fencelock_core::Locker::from_arc(
-            connect_backend(url).await?,
-        )))
-    }
-
-    /// A locker on an already built backend.
-    pub fn new(backend: impl Backend) -> Locker {
-        Locker(fencelock_core::Locker::new(backend))
-    }
-
-    /// The core locker.
-    pub fn into_inner(self) -> fencelock_core::Locker {
-        self.0
-    }
-}
-
-impl Deref for Locker {
-    type Target = fencelock_core::Locker;
-
-    fn deref(&self) -> &fencelock_core::Locker {
-        &self.0
-    }
-}
-
-impl From<fencelock_core::Locker> for Locker {
-    fn from(l: fencelock_core::Locker) -> Locker {
-        Locker(l)
-    }
+/// # Errors
+///
+/// As [`connect_backend`].
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> fencelock::Result<()> {
+/// let locker = fencelock::connect("memory://").await?;
+/// assert_eq!(locker.backend().name(), "memory");
+/// let e = fencelock::connect("nope://x").await.unwrap_err();
+/// assert!(e.to_string().contains("unknown backend scheme"));
+/// # Ok(()) }
+/// ```
+pub async fn connect(url: &str) -> Result<Locker> {
+    Ok(Locker::from_arc(connect_backend(url).await?))
 }
 
 #[cfg(test)]
@@ -275,9 +250,9 @@ mod tests {
 
     #[tokio::test]
     async fn named_memory_instances_are_shared() {
-        let a = Locker::connect("memory://facade-test").await.unwrap();
-        let b = Locker::connect("memory://facade-test").await.unwrap();
-        let c = Locker::connect("memory://other").await.unwrap();
+        let a = connect("memory://facade-test").await.unwrap();
+        let b = connect("memory://facade-test").await.unwrap();
+        let c = connect("memory://other").await.unwrap();
         let g = a.lock("k").acquire().await.unwrap();
         assert!(b.lock("k").try_acquire().await.unwrap().is_none());
         assert!(c.lock("k").try_acquire().await.unwrap().is_some());
@@ -292,7 +267,7 @@ mod tests {
             "sqlite://{}?busy_timeout=2s",
             dir.path().join("l.db").display()
         );
-        let locker = Locker::connect(&url).await.unwrap();
+        let locker = connect(&url).await.unwrap();
         assert_eq!(locker.backend().name(), "sqlite");
         let e = connect_backend("sqlite:///tmp/x.db?colour=red")
             .await

@@ -56,7 +56,7 @@ async fn shop(args: &BuyerArgs) -> Result<u64, String> {
     if args.act == 1 {
         return shop_without_lock(args, &stock).await;
     }
-    let locker = Locker::connect(&args.backend)
+    let locker = fencelock::connect(&args.backend)
         .await
         .map_err(|e| e.to_string())?;
     if args.victim {

@@ -229,7 +229,7 @@ fn print_table(acts: &[Act]) {
 
 pub async fn demo(args: DemoArgs) -> u8 {
     let url = args.backend.url();
-    let locker = match fencelock::Locker::connect(&url).await {
+    let locker = match fencelock::connect(&url).await {
         Ok(l) => l,
         Err(e) => return exit::report(&e),
     };
