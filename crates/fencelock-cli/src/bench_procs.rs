@@ -15,7 +15,7 @@ use std::time::Duration;
 use clap::Args;
 use fencelock::{Hold, Mode, check_history};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::Command;
+use tokio::process::{Child, Command};
 
 use crate::exit;
 
@@ -75,27 +75,7 @@ pub async fn worker(args: WorkerArgs) -> u8 {
         let holder = format!("{}-{w}", args.name);
         tasks.push(tokio::spawn(async move {
             for _ in 0..share {
-                let asked = Hold::now_ns();
-                let line = match locker.lock(&key).ttl(BENCH_TTL).acquire().await {
-                    Ok(g) => {
-                        let acquired_ns = Hold::now_ns();
-                        let bumped = bump(&counter);
-                        tokio::task::yield_now().await;
-                        let hold = Hold {
-                            holder: holder.clone(),
-                            mode: Mode::Exclusive,
-                            token: g.token().map(|t| t.get()),
-                            acquired_ns,
-                            released_ns: Hold::now_ns(),
-                        };
-                        match (bumped, g.release().await) {
-                            (Ok(()), Ok(())) => format!("hold {asked} {}", hold.to_line()),
-                            (Err(e), _) => format!("error counter file: {e}"),
-                            (_, Err(e)) => format!("error {e}"),
-                        }
-                    }
-                    Err(e) => format!("error {e}"),
-                };
+                let line = cycle(&locker, &key, &holder, &counter).await;
                 lines.lock().unwrap_or_else(|p| p.into_inner()).push(line);
             }
         }));
@@ -111,6 +91,32 @@ pub async fn worker(args: WorkerArgs) -> u8 {
         return exit::FAILURE;
     }
     0
+}
+
+/// One cycle of a worker: acquire, bump the counter, release; the line it
+/// prints for it.
+async fn cycle(locker: &fencelock::Locker, key: &str, holder: &str, counter: &Path) -> String {
+    let asked = Hold::now_ns();
+    match locker.lock(key).ttl(BENCH_TTL).acquire().await {
+        Ok(g) => {
+            let acquired_ns = Hold::now_ns();
+            let bumped = bump(counter);
+            tokio::task::yield_now().await;
+            let hold = Hold {
+                holder: holder.to_string(),
+                mode: Mode::Exclusive,
+                token: g.token().map(|t| t.get()),
+                acquired_ns,
+                released_ns: Hold::now_ns(),
+            };
+            match (bumped, g.release().await) {
+                (Ok(()), Ok(())) => format!("hold {asked} {}", hold.to_line()),
+                (Err(e), _) => format!("error counter file: {e}"),
+                (_, Err(e)) => format!("error {e}"),
+            }
+        }
+        Err(e) => format!("error {e}"),
+    }
 }
 
 /// What the children report, merged.
@@ -189,24 +195,51 @@ pub async fn run(url: &str, key: &str, workers: u32, cycles: u64, processes: u32
         }
     };
     let counter = dir.path().join("counter");
-    let exe = match std::env::current_exe() {
-        Ok(e) => e,
+    let children = match spawn(url, key, &counter, &shares(workers, cycles, processes)) {
+        Ok(c) => c,
         Err(e) => {
-            merged.errors.push(format!("own executable: {e}"));
+            merged.errors.push(e);
             return merged;
         }
     };
-    // Workers spread evenly; cycles in proportion, the remainder to the first.
-    let shares: Vec<u32> = (0..processes)
+    gather(children, &mut merged).await;
+    merged.counter = std::fs::read_to_string(&counter)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
+    let holds: Vec<Hold> = merged.holds.iter().map(|(_, h)| h.clone()).collect();
+    if let Err(v) = check_history(&holds) {
+        merged
+            .errors
+            .push(format!("history violated across processes: {v}"));
+    }
+    merged
+}
+
+/// Per process, its workers and its cycles: workers spread evenly, cycles in
+/// proportion, the remainder to the first.
+fn shares(workers: u32, cycles: u64, processes: u32) -> Vec<(u32, u64)> {
+    let workers_of: Vec<u32> = (0..processes)
         .map(|p| workers / processes + u32::from(p < workers % processes))
         .collect();
-    let mut cycle_shares: Vec<u64> = shares
+    let mut cycles_of: Vec<u64> = workers_of
         .iter()
         .map(|w| cycles * u64::from(*w) / u64::from(workers))
         .collect();
-    cycle_shares[0] += cycles - cycle_shares.iter().sum::<u64>();
+    cycles_of[0] += cycles - cycles_of.iter().sum::<u64>();
+    workers_of.into_iter().zip(cycles_of).collect()
+}
+
+/// Starts one `bench-worker` child of this executable per share.
+fn spawn(
+    url: &str,
+    key: &str,
+    counter: &Path,
+    shares: &[(u32, u64)],
+) -> Result<Vec<Child>, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
     let mut children = Vec::new();
-    for (p, (w, c)) in shares.iter().zip(&cycle_shares).enumerate() {
+    for (p, (w, c)) in shares.iter().enumerate() {
         let child = Command::new(&exe)
             .args([
                 "bench-worker",
@@ -219,22 +252,20 @@ pub async fn run(url: &str, key: &str, workers: u32, cycles: u64, processes: u32
             ])
             .args(["--workers", &w.to_string(), "--cycles", &c.to_string()])
             .arg("--counter")
-            .arg(&counter)
+            .arg(counter)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .kill_on_drop(true)
-            .spawn();
-        match child {
-            Ok(c) => children.push(c),
-            Err(e) => {
-                merged
-                    .errors
-                    .push(format!("cannot start a bench worker: {e}"));
-                return merged;
-            }
-        }
+            .spawn()
+            .map_err(|e| format!("cannot start a bench worker: {e}"))?;
+        children.push(child);
     }
-    // Wait until every child is connected, then start them together.
+    Ok(children)
+}
+
+/// Waits until every child is connected, starts them together, and merges
+/// what they print into `merged`.
+async fn gather(mut children: Vec<Child>, merged: &mut Merged) {
     let mut outs = Vec::new();
     for c in &mut children {
         let Some(out) = c.stdout.take() else { continue };
@@ -253,17 +284,7 @@ pub async fn run(url: &str, key: &str, workers: u32, cycles: u64, processes: u32
     }
     for mut lines in outs {
         while let Ok(Some(l)) = lines.next_line().await {
-            if let Some(rest) = l.strip_prefix("hold ") {
-                let parsed = rest
-                    .split_once(' ')
-                    .and_then(|(asked, h)| Some((asked.parse().ok()?, Hold::from_line(h)?)));
-                match parsed {
-                    Some(x) => merged.holds.push(x),
-                    None => merged.errors.push(format!("bad worker line {l:?}")),
-                }
-            } else if let Some(e) = l.strip_prefix("error ") {
-                merged.errors.push(e.to_string());
-            }
+            merged.take_line(&l);
         }
     }
     for mut c in children {
@@ -274,15 +295,21 @@ pub async fn run(url: &str, key: &str, workers: u32, cycles: u64, processes: u32
                 .push(format!("a bench worker failed: {other:?}")),
         }
     }
-    merged.counter = std::fs::read_to_string(&counter)
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(0);
-    let holds: Vec<Hold> = merged.holds.iter().map(|(_, h)| h.clone()).collect();
-    if let Err(v) = check_history(&holds) {
-        merged
-            .errors
-            .push(format!("history violated across processes: {v}"));
+}
+
+impl Merged {
+    /// Takes one line a worker printed: a hold, or an error.
+    fn take_line(&mut self, l: &str) {
+        if let Some(rest) = l.strip_prefix("hold ") {
+            let parsed = rest
+                .split_once(' ')
+                .and_then(|(asked, h)| Some((asked.parse().ok()?, Hold::from_line(h)?)));
+            match parsed {
+                Some(x) => self.holds.push(x),
+                None => self.errors.push(format!("bad worker line {l:?}")),
+            }
+        } else if let Some(e) = l.strip_prefix("error ") {
+            self.errors.push(e.to_string());
+        }
     }
-    merged
 }
