@@ -371,75 +371,48 @@ impl RedlockBackend {
     /// [`Error::Connection`] if fewer than a majority of instances answer.
     pub async fn connect(url: &str) -> Result<RedlockBackend> {
         let mut u = BackendUrl::parse("redlock", url, &["redlock", "rediss+redlock"])?;
-        let scheme = if u.scheme().starts_with("rediss+") {
-            "rediss"
-        } else {
-            "redis"
-        };
         let instance_timeout = u.take_duration("instance_timeout")?;
-        // The rest are options of every instance's Redis URL.
-        let passthrough = u.rest().join("&");
-        let rest = u.base();
-        // The login as written (still percent-encoded), for each instance's URL.
-        let authority = rest[u.scheme().len() + 3..].split('/').next().unwrap_or("");
-        let auth = authority.rfind('@').map_or("", |at| &authority[..=at]);
-        let hosts: Vec<&str> = u.hosts().collect();
-        if hosts.len() < 3 {
-            return Err(Error::config(format!(
-                "redlock needs at least 3 independent instances, {:?} names {}",
-                u.redacted(),
-                hosts.len()
-            )));
-        }
-        let query = passthrough;
-        let mut instances = Vec::new();
-        let mut options = None;
-        for h in &hosts {
-            let node_url = format!("{scheme}://{auth}{h}?{query}");
-            let (target, opts) = crate::options::parse_url(&node_url)?;
-            options = Some(opts);
-            instances.push(Instance {
-                url: node_url,
-                target,
-                node: OnceCell::new(),
-                down_until: std::sync::Mutex::new(None),
-            });
-        }
-        let options = options.unwrap_or_default();
+        let (instances, options) = instances_of(&u)?;
         let backend = RedlockBackend {
             inner: Arc::new(Inner {
                 instances,
                 options,
                 instance_timeout,
-                address: redact_url(rest),
+                address: redact_url(u.base()),
                 reading: std::sync::Mutex::new(None),
                 ops: OpIds::new(),
             }),
         };
-        // Connect now; a minority may be down and join later.
-        let answers = backend
+        backend.connect_majority().await?;
+        Ok(backend)
+    }
+
+    /// Connects to every instance now; fails unless a majority answers (a
+    /// minority may be down and join later).
+    async fn connect_majority(&self) -> Result<()> {
+        let answers = self
             .on_all(Duration::from_secs(5), Skip::Never, |_, _| async { Ok(()) })
             .await;
         let up = answers
             .iter()
             .filter(|a| matches!(a, Answer::Ok(())))
             .count();
-        if up < backend.quorum() {
-            let why = answers
-                .iter()
-                .find_map(|a| a.error().map(ToString::to_string))
-                .unwrap_or_default();
-            return Err(Error::connection(
-                NAME,
-                rest,
-                format!(
-                    "only {up} of {} instances answer, a majority is {} ({why})",
-                    hosts.len(),
-                    backend.quorum()
-                ),
-            ));
+        if up >= self.quorum() {
+            return Ok(());
         }
-        Ok(backend)
+        let why = answers
+            .iter()
+            .find_map(|a| a.error().map(ToString::to_string))
+            .unwrap_or_default();
+        Err(Error::connection(
+            NAME,
+            &self.inner.address,
+            format!(
+                "only {up} of {} instances answer, a majority is {} ({why})",
+                answers.len(),
+                self.quorum()
+            ),
+        ))
     }
 
     /// How many instances make a majority.
@@ -705,4 +678,42 @@ impl std::fmt::Debug for RedlockBackend {
             .field("instances", &self.inner.instances.len())
             .finish()
     }
+}
+
+/// The instances a `redlock://` URL names (at least 3), each with the Redis
+/// URL it is reached by (the login as written, and the options left in `u`,
+/// which are every instance's), and those options.
+fn instances_of(u: &BackendUrl) -> Result<(Vec<Instance>, RedisOptions)> {
+    let scheme = if u.scheme().starts_with("rediss+") {
+        "rediss"
+    } else {
+        "redis"
+    };
+    let query = u.rest().join("&");
+    // The login as written (still percent-encoded), for each instance's URL.
+    let base = u.base();
+    let authority = base[u.scheme().len() + 3..].split('/').next().unwrap_or("");
+    let auth = authority.rfind('@').map_or("", |at| &authority[..=at]);
+    let hosts: Vec<&str> = u.hosts().collect();
+    if hosts.len() < 3 {
+        return Err(Error::config(format!(
+            "redlock needs at least 3 independent instances, {:?} names {}",
+            u.redacted(),
+            hosts.len()
+        )));
+    }
+    let mut instances = Vec::new();
+    let mut options = RedisOptions::default();
+    for h in &hosts {
+        let url = format!("{scheme}://{auth}{h}?{query}");
+        let (target, opts) = crate::options::parse_url(&url)?;
+        options = opts;
+        instances.push(Instance {
+            url,
+            target,
+            node: OnceCell::new(),
+            down_until: std::sync::Mutex::new(None),
+        });
+    }
+    Ok((instances, options))
 }
