@@ -411,6 +411,30 @@ pub trait Backend: Send + Sync + 'static {
     }
 }
 
+/// [`Backend::list`] for a backend that can name the keys that may be held
+/// (`keys`, found under the prefix) but not read their holders in one go:
+/// each key is inspected, and those with holders are returned.
+///
+/// # Errors
+///
+/// A name that is not a valid [`Key`] (a backend error of `backend`), and the
+/// first error of [`Backend::inspect`].
+pub async fn list_held<B: Backend + ?Sized>(
+    backend: &B,
+    keys: Vec<String>,
+) -> Result<Vec<LockInfo>> {
+    let mut out = Vec::with_capacity(keys.len());
+    for k in keys {
+        let key = Key::new(k).map_err(|e| Error::backend(backend.name(), e))?;
+        if let Some(info) = backend.inspect(&key).await?
+            && !info.holders.is_empty()
+        {
+            out.push(info);
+        }
+    }
+    Ok(out)
+}
+
 /// Milliseconds since the Unix epoch by the local wall clock (for backends that
 /// store expiry times).
 pub fn unix_millis(t: SystemTime) -> i64 {

@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fencelock_core::backend::{
-    Backoff, Grant, LeaseRef, Released, Renewal, Request, TryOutcome, async_trait, wait_for_grant,
+    Backoff, Grant, LeaseRef, Released, Renewal, Request, TryOutcome, async_trait, list_held,
+    wait_for_grant,
 };
-use fencelock_core::{Backend, Capabilities, Error, FencingToken, Key, LockInfo, Mode, Result};
+use fencelock_core::{Backend, Capabilities, FencingToken, Key, LockInfo, Mode, Result};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -29,20 +30,6 @@ fn capabilities(lease: bool) -> Capabilities {
         .with_ttl(true)
         .with_inspect(true)
         .with_cross_process(true)
-}
-
-/// Every held lock among the keys `known` found, each inspected.
-async fn list_held<B: Backend + ?Sized>(backend: &B, known: Vec<String>) -> Result<Vec<LockInfo>> {
-    let mut out = Vec::with_capacity(known.len());
-    for k in known {
-        let key = Key::new(k).map_err(|e| Error::backend(NAME, e))?;
-        if let Some(info) = backend.inspect(&key).await?
-            && !info.holders.is_empty()
-        {
-            out.push(info);
-        }
-    }
-    Ok(out)
 }
 
 /// `?mode=lease`: a row per holder with a fence column and an expiry.

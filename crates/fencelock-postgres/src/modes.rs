@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fencelock_core::backend::{
-    Backoff, Grant, LeaseRef, Released, Renewal, Request, TryOutcome, async_trait, wait_for_grant,
+    Backoff, Grant, LeaseRef, Released, Renewal, Request, TryOutcome, async_trait, list_held,
+    wait_for_grant,
 };
-use fencelock_core::{Backend, Capabilities, Error, FencingToken, Key, LockInfo, Mode, Result};
+use fencelock_core::{Backend, Capabilities, FencingToken, Key, LockInfo, Mode, Result};
 use sqlx::postgres::PgConnectOptions;
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
@@ -33,18 +34,6 @@ fn capabilities() -> Capabilities {
         .with_ttl(true)
         .with_inspect(true)
         .with_cross_process(true)
-}
-
-/// Every held lock under `prefix`: the keys `held` found, each inspected.
-async fn list_held<B: Backend + ?Sized>(backend: &B, held: Vec<String>) -> Result<Vec<LockInfo>> {
-    let mut out = Vec::with_capacity(held.len());
-    for k in held {
-        let key = Key::new(k).map_err(|e| Error::backend(NAME, e))?;
-        if let Some(info) = backend.inspect(&key).await? {
-            out.push(info);
-        }
-    }
-    Ok(out)
 }
 
 /// `?mode=lease`: a row per holder with a fence column and an expiry; a
