@@ -179,52 +179,84 @@ pub fn check(h: &History) -> Findings {
         })
         .min()
         .unwrap_or(0);
-    let mut f = Findings::default();
-    let example = |f: &mut Findings, text: String| {
-        if f.examples.len() < EXAMPLES {
-            f.examples.push(text);
-        }
+    let mut c = Checker {
+        h,
+        t0,
+        f: Findings::default(),
     };
-    let show = |x: &Hold| {
+    c.count_outcomes();
+    for (key, holds) in &by_key {
+        c.f.grants += holds.len();
+        c.f.lost += holds.iter().filter(|x| x.reason != "released").count();
+        for x in holds.iter().filter(|x| x.late) {
+            c.f.lost_on_arrival += 1;
+            c.example(format!("lost on arrival on {key}: {}", c.show(x)));
+        }
+        c.exclusion(key, holds);
+        c.tokens(key, holds);
+        c.unavailability(holds);
+    }
+    c.writes(&by_key);
+    stuck_waits(h, &by_key, t0, &mut c.f);
+    c.recovery(&by_key);
+    c.f
+}
+
+/// The history being checked, its first grant's time, and what was found.
+struct Checker<'h> {
+    h: &'h History,
+    t0: u128,
+    f: Findings,
+}
+
+impl Checker<'_> {
+    /// Keeps `text` as an example, if there is room.
+    fn example(&mut self, text: String) {
+        if self.f.examples.len() < EXAMPLES {
+            self.f.examples.push(text);
+        }
+    }
+
+    /// A hold as an example line shows it (times from the first grant).
+    fn show(&self, x: &Hold) -> String {
         format!(
             "{} {} token {} from +{} ms to +{} ms ({})",
             x.id,
             x.mode,
             x.token.map_or("-".into(), |t| t.to_string()),
-            ms(x.start_ns.saturating_sub(t0)),
-            ms(x.end_ns.saturating_sub(t0)),
+            ms(x.start_ns.saturating_sub(self.t0)),
+            ms(x.end_ns.saturating_sub(self.t0)),
             x.reason
         )
-    };
-    for (_, e) in &h.events {
-        match e {
-            Event::Timeout { .. } => f.timeouts += 1,
-            Event::Error { .. } => f.errors += 1,
-            Event::Cancel { .. } => f.cancelled += 1,
-            _ => {}
+    }
+
+    /// Timeouts, errors and cancellations.
+    fn count_outcomes(&mut self) {
+        for (_, e) in &self.h.events {
+            match e {
+                Event::Timeout { .. } => self.f.timeouts += 1,
+                Event::Error { .. } => self.f.errors += 1,
+                Event::Cancel { .. } => self.f.cancelled += 1,
+                _ => {}
+            }
         }
     }
-    for (key, holds) in &by_key {
-        f.grants += holds.len();
-        f.lost += holds.iter().filter(|x| x.reason != "released").count();
-        for x in holds.iter().filter(|x| x.late) {
-            f.lost_on_arrival += 1;
-            example(&mut f, format!("lost on arrival on {key}: {}", show(x)));
-        }
-        // Exclusion and permits: sweep in grant order.
+
+    /// Exclusion and permits: a sweep over `key`'s holds in grant order.
+    fn exclusion(&mut self, key: &str, holds: &[Hold]) {
         let mut active: Vec<&Hold> = Vec::new();
         for x in holds {
             active.retain(|a| a.end_ns > x.start_ns);
             for a in &active {
                 if !x.mode.compatible_with(a.mode) {
-                    f.overlaps += 1;
+                    self.f.overlaps += 1;
                     let text = format!(
                         "overlap on {key}: {} while {}{}",
-                        show(x),
-                        show(a),
-                        faults_during(h, a.start_ns, x.end_ns, t0)
+                        self.show(x),
+                        self.show(a),
+                        faults_during(self.h, a.start_ns, x.end_ns, self.t0)
                     );
-                    example(&mut f, text);
+                    self.example(text);
                 }
             }
             active.push(x);
@@ -234,18 +266,22 @@ pub fn check(h: &History) -> Findings {
                     .filter(|a| matches!(a.mode, Mode::Semaphore { .. }))
                     .count();
                 if n > permits as usize {
-                    f.over_permits += 1;
-                    example(
-                        &mut f,
-                        format!("{n} holders of {permits} permits on {key}: {}", show(x)),
+                    self.f.over_permits += 1;
+                    let text = format!(
+                        "{n} holders of {permits} permits on {key}: {}",
+                        self.show(x)
                     );
+                    self.example(text);
                 }
             }
         }
-        // Tokens: larger than that of every hold of a mode it excludes that
-        // ended before the grant. Compatible holds (readers, permits) may be
-        // granted at the servers at once and seen in either order, so their
-        // tokens are not ordered among themselves.
+    }
+
+    /// Tokens: larger than that of every hold of a mode it excludes that
+    /// ended before the grant. Compatible holds (readers, permits) may be
+    /// granted at the servers at once and seen in either order, so their
+    /// tokens are not ordered among themselves.
+    fn tokens(&mut self, key: &str, holds: &[Hold]) {
         for x in holds.iter().filter(|x| x.token.is_some()) {
             let before = holds
                 .iter()
@@ -256,69 +292,76 @@ pub fn check(h: &History) -> Findings {
             if let Some(m) = before
                 && x.token <= m.token
             {
-                f.token_regressions += 1;
+                self.f.token_regressions += 1;
                 let text = format!(
                     "token did not rise on {key}: {} after {}{}",
-                    show(x),
-                    show(m),
-                    faults_during(h, m.start_ns, x.start_ns, t0)
+                    self.show(x),
+                    self.show(m),
+                    faults_during(self.h, m.start_ns, x.start_ns, self.t0)
                 );
-                example(&mut f, text);
+                self.example(text);
             }
         }
-        // Unavailability: the longest stretch without a holder.
+    }
+
+    /// Unavailability: the longest stretch without a holder.
+    fn unavailability(&mut self, holds: &[Hold]) {
         let mut covered = holds.first().map_or(0, |x| x.start_ns);
         for x in holds {
             if x.start_ns > covered {
-                f.max_unavailable_ms = f.max_unavailable_ms.max(ms(x.start_ns - covered));
+                self.f.max_unavailable_ms = self.f.max_unavailable_ms.max(ms(x.start_ns - covered));
             }
             covered = covered.max(x.end_ns);
         }
     }
-    // Superseded writes: accepted after a later-granted hold of the key wrote.
-    let starts: HashMap<&str, u128> = by_key
-        .values()
-        .flatten()
-        .map(|x| (x.id.as_str(), x.start_ns))
-        .collect();
-    let mut newest: HashMap<&str, (u128, &str)> = HashMap::new();
-    for w in &h.writes {
-        if !w.accepted {
-            f.stale_rejected += 1;
-            continue;
-        }
-        f.writes_accepted += 1;
-        let start = starts.get(w.hold.as_str()).copied().unwrap_or(0);
-        match newest.get(w.key.as_str()) {
-            Some(&(s, by)) if s > start && by != w.hold => {
-                f.superseded_accepted += 1;
-                let text = format!(
-                    "superseded write accepted on {}: {} (token {:?}) wrote at +{} ms after {} (granted later) had written",
-                    w.key,
-                    w.hold,
-                    w.token,
-                    ms(w.at_ns.saturating_sub(t0)),
-                    by
-                );
-                example(&mut f, text);
+
+    /// Superseded writes: accepted after a later-granted hold of the key wrote.
+    fn writes(&mut self, by_key: &BTreeMap<String, Vec<Hold>>) {
+        let starts: HashMap<&str, u128> = by_key
+            .values()
+            .flatten()
+            .map(|x| (x.id.as_str(), x.start_ns))
+            .collect();
+        let mut newest: HashMap<&str, (u128, &str)> = HashMap::new();
+        for w in &self.h.writes {
+            if !w.accepted {
+                self.f.stale_rejected += 1;
+                continue;
             }
-            Some(&(s, _)) if s >= start => {}
-            _ => {
-                newest.insert(&w.key, (start, &w.hold));
+            self.f.writes_accepted += 1;
+            let start = starts.get(w.hold.as_str()).copied().unwrap_or(0);
+            match newest.get(w.key.as_str()) {
+                Some(&(s, by)) if s > start && by != w.hold => {
+                    self.f.superseded_accepted += 1;
+                    let text = format!(
+                        "superseded write accepted on {}: {} (token {:?}) wrote at +{} ms after {} (granted later) had written",
+                        w.key,
+                        w.hold,
+                        w.token,
+                        ms(w.at_ns.saturating_sub(self.t0)),
+                        by
+                    );
+                    self.example(text);
+                }
+                Some(&(s, _)) if s >= start => {}
+                _ => {
+                    newest.insert(&w.key, (start, &w.hold));
+                }
             }
         }
     }
-    stuck_waits(h, &by_key, t0, &mut f);
-    // Recovery: from each fault's healing to the next grant.
-    let mut grants: Vec<u128> = by_key.values().flatten().map(|x| x.start_ns).collect();
-    grants.sort_unstable();
-    for fault in &h.faults {
-        let i = grants.partition_point(|&g| g < fault.heal_ns);
-        if let Some(&g) = grants.get(i) {
-            f.max_recovery_ms = f.max_recovery_ms.max(ms(g - fault.heal_ns));
+
+    /// Recovery: from each fault's healing to the next grant.
+    fn recovery(&mut self, by_key: &BTreeMap<String, Vec<Hold>>) {
+        let mut grants: Vec<u128> = by_key.values().flatten().map(|x| x.start_ns).collect();
+        grants.sort_unstable();
+        for fault in &self.h.faults {
+            let i = grants.partition_point(|&g| g < fault.heal_ns);
+            if let Some(&g) = grants.get(i) {
+                self.f.max_recovery_ms = self.f.max_recovery_ms.max(ms(g - fault.heal_ns));
+            }
         }
     }
-    f
 }
 
 /// How long after a fault heals (or a cancellation) its effects may last: a
