@@ -78,47 +78,14 @@ pub async fn run(args: RunArgs) -> u8 {
             return exit::FAILURE;
         }
     };
-    let grace = args
-        .kill_grace
-        .unwrap_or_else(|| (args.ttl / 3).min(Duration::from_secs(5)));
-    // SIGTERM comes no sooner than a renewal is late by this, and SIGKILL no
-    // later than `margin` before the deadline: what CMD gets between them.
-    let window = grace.min(args.ttl / 3);
-    let margin = margin(args.ttl);
-    if grace > args.ttl / 3 {
-        eprintln!(
-            "fencelock: warning: --kill-grace {} is more than a third of --ttl {}: CMD gets at most {} between SIGTERM and SIGKILL, so that it has ended before the lease could run out",
-            humantime::format_duration(grace),
-            humantime::format_duration(args.ttl),
-            humantime::format_duration(window),
-        );
-    }
-    let locker = match fencelock::connect(&args.backend.url()).await {
-        Ok(l) => l,
-        Err(e) => return exit::report(&e),
-    };
-    let builder = if args.shared {
-        locker.read_lock(&args.key)
-    } else if let Some(n) = args.permits {
-        locker.semaphore(&args.key, n)
-    } else {
-        locker.lock(&args.key)
-    }
-    .ttl(args.ttl);
-    let builder = match args.wait {
-        Wait::Forever => builder.wait_forever(),
-        Wait::For(d) => builder.wait(d),
-    };
-    let guard = tokio::select! {
-        r = builder.acquire() => match r {
-            Ok(g) => g,
-            Err(e) => return exit::report(&e),
-        },
-        sig = signals.recv() => return 128 + sig as u8,
+    let timing = Timing::of(&args);
+    let guard = match acquire(&args, &mut signals).await {
+        Ok(g) => g,
+        Err(code) => return code,
     };
     // A grant that is no longer valid (the backend took long to answer) must
     // not start CMD.
-    if guard.deadline() <= Instant::now() + window + margin {
+    if guard.deadline() <= Instant::now() + timing.window + timing.margin {
         eprintln!(
             "fencelock: the lease on {:?} had too little time left when it was granted ({:?}); CMD was not started",
             args.key,
@@ -132,50 +99,102 @@ pub async fn run(args: RunArgs) -> u8 {
         ("FENCELOCK_TOKEN", token),
         ("FENCELOCK_KEY", args.key.clone()),
     ];
-    let mut tree = match Tree::spawn(&args.command, &env) {
-        Ok(t) => t,
+    match Tree::spawn(&args.command, &env) {
+        Ok(tree) => supervise(&args, timing, guard, tree, &mut signals).await,
         Err(e) => {
             eprintln!("fencelock: cannot run {:?}: {e}", args.command[0]);
             if let Err(e) = guard.release().await {
                 eprintln!("fencelock: warning: {e}");
             }
-            return if e.kind() == std::io::ErrorKind::NotFound {
+            if e.kind() == std::io::ErrorKind::NotFound {
                 127
             } else {
                 126
-            };
+            }
         }
+    }
+}
+
+/// When CMD's group is stopped, relative to the lease's deadline.
+#[derive(Clone, Copy)]
+struct Timing {
+    /// `--kill-grace`: how late a renewal may be before SIGTERM.
+    grace: Duration,
+    /// What CMD gets between SIGTERM and SIGKILL: SIGTERM comes no sooner
+    /// than a renewal is late by this, and SIGKILL no later than `margin`
+    /// before the deadline.
+    window: Duration,
+    /// How long before the deadline the group must be dead.
+    margin: Duration,
+}
+
+impl Timing {
+    /// The timing `args` ask for; warns when the grace is more than a third
+    /// of the TTL (the window is cut to that).
+    fn of(args: &RunArgs) -> Timing {
+        let grace = args
+            .kill_grace
+            .unwrap_or_else(|| (args.ttl / 3).min(Duration::from_secs(5)));
+        let window = grace.min(args.ttl / 3);
+        if grace > args.ttl / 3 {
+            eprintln!(
+                "fencelock: warning: --kill-grace {} is more than a third of --ttl {}: CMD gets at most {} between SIGTERM and SIGKILL, so that it has ended before the lease could run out",
+                humantime::format_duration(grace),
+                humantime::format_duration(args.ttl),
+                humantime::format_duration(window),
+            );
+        }
+        Timing {
+            grace,
+            window,
+            margin: margin(args.ttl),
+        }
+    }
+}
+
+/// Acquires the lock `args` name; `Err` is the exit status (an error, or
+/// 128 + a signal that came while waiting).
+async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<fencelock::Guard, u8> {
+    let locker = fencelock::connect(&args.backend.url())
+        .await
+        .map_err(|e| exit::report(&e))?;
+    let builder = if args.shared {
+        locker.read_lock(&args.key)
+    } else if let Some(n) = args.permits {
+        locker.semaphore(&args.key, n)
+    } else {
+        locker.lock(&args.key)
+    }
+    .ttl(args.ttl);
+    let builder = match args.wait {
+        Wait::Forever => builder.wait_forever(),
+        Wait::For(d) => builder.wait(d),
     };
+    tokio::select! {
+        r = builder.acquire() => r.map_err(|e| exit::report(&e)),
+        sig = signals.recv() => Err(128 + sig as u8),
+    }
+}
+
+/// Runs until CMD's group has ended, the lease is lost, or its renewal is so
+/// late that the group must be stopped; forwards signals to the group.
+/// Returns the exit status.
+async fn supervise(
+    args: &RunArgs,
+    t: Timing,
+    guard: fencelock::Guard,
+    mut tree: Tree,
+    signals: &mut Signals,
+) -> u8 {
     loop {
         let stop_at = guard
             .deadline()
-            .checked_sub(window + margin)
+            .checked_sub(t.window + t.margin)
             .unwrap_or_else(Instant::now);
         tokio::select! {
             biased;
             event = tree.event() => match event {
-                Event::Exited => {
-                    // What CMD left in its group ends before the lock goes.
-                    let kill_at = guard.deadline().checked_sub(margin).unwrap_or_else(Instant::now);
-                    tree.stop(true, kill_at.min(Instant::now() + grace)).await;
-                    let code = match tree.finish().await {
-                        Ok(s) => status_code(s),
-                        Err(e) => {
-                            eprintln!("fencelock: cannot wait for {:?}: {e}", args.command[0]);
-                            exit::FAILURE
-                        }
-                    };
-                    if !guard.is_valid() {
-                        eprintln!(
-                            "fencelock: warning: the lease on {:?} was lost by the time {:?} had ended (its status: {code})",
-                            args.key, args.command[0]
-                        );
-                    }
-                    if let Err(e) = guard.release().await {
-                        eprintln!("fencelock: warning: releasing {:?} failed: {e}", args.key);
-                    }
-                    return code;
-                }
+                Event::Exited => return exited(args, t, guard, tree).await,
                 Event::Stopped => tree.stopped(),
             },
             lost = guard.lost() => {
@@ -187,14 +206,14 @@ pub async fn run(args: RunArgs) -> u8 {
                 return exit::LOST;
             }
             _ = tokio::time::sleep_until(stop_at) => {
-                if guard.deadline() > Instant::now() + window + margin {
+                if guard.deadline() > Instant::now() + t.window + t.margin {
                     continue; // renewed meanwhile
                 }
                 eprintln!(
                     "fencelock: the lease on {:?} was not renewed in time; stopping {:?} so that it has ended before the lease could run out",
                     args.key, args.command[0]
                 );
-                let kill_at = guard.deadline().checked_sub(margin).unwrap_or_else(Instant::now);
+                let kill_at = guard.deadline().checked_sub(t.margin).unwrap_or_else(Instant::now);
                 tree.stop(false, kill_at).await;
                 let _ = tree.finish().await;
                 // Still held, maybe: let it go rather than make the next holder
@@ -205,4 +224,31 @@ pub async fn run(args: RunArgs) -> u8 {
             sig = signals.recv() => tree.signal(sig),
         }
     }
+}
+
+/// CMD has exited: what it left in its group ends before the lock goes.
+/// Returns CMD's status.
+async fn exited(args: &RunArgs, t: Timing, guard: fencelock::Guard, mut tree: Tree) -> u8 {
+    let kill_at = guard
+        .deadline()
+        .checked_sub(t.margin)
+        .unwrap_or_else(Instant::now);
+    tree.stop(true, kill_at.min(Instant::now() + t.grace)).await;
+    let code = match tree.finish().await {
+        Ok(s) => status_code(s),
+        Err(e) => {
+            eprintln!("fencelock: cannot wait for {:?}: {e}", args.command[0]);
+            exit::FAILURE
+        }
+    };
+    if !guard.is_valid() {
+        eprintln!(
+            "fencelock: warning: the lease on {:?} was lost by the time {:?} had ended (its status: {code})",
+            args.key, args.command[0]
+        );
+    }
+    if let Err(e) = guard.release().await {
+        eprintln!("fencelock: warning: releasing {:?} failed: {e}", args.key);
+    }
+    code
 }
