@@ -322,33 +322,7 @@ async fn work(
     } = held;
     let hold = hold.as_str();
     let token = guard.token().map(|t| t.get());
-    {
-        let mut now_held = current();
-        emit(&Event::Grant {
-            hold: hold.to_string(),
-            key: key.to_string(),
-            mode: guard.mode(),
-            token,
-            seen_ns: Hold::now_ns(),
-            valid_ns: wall_of(guard.deadline().into_std()),
-            valid_on_arrival: guard.is_valid(),
-        });
-        *now_held = Some((hold.to_string(), guard.lease()));
-    }
-    // The hold's end is reported when `lost()` fires, whatever the client is
-    // doing then (or, if it never fires, below, before the release).
-    let watcher = tokio::spawn({
-        let (lease, hold) = (guard.lease(), hold.to_string());
-        async move {
-            let _ = lease.lost().await;
-            let mut current = current();
-            if current.as_ref().is_some_and(|(h, _)| *h == hold)
-                && let Some((hold, lease)) = current.take()
-            {
-                emit_end(hold, &lease);
-            }
-        }
-    });
+    let watcher = announce(key, hold, &guard);
     let lost = guard.lost();
     tokio::pin!(lost);
     let writes = if guard.mode() == Mode::Exclusive {
@@ -385,15 +359,8 @@ async fn work(
                 text: format!("register: {e}"),
             });
         }
-        // Mostly short, so that grants are many; sometimes past the TTL, so
-        // that the watchdog must renew.
-        let nap = match rng.u32(0..100) {
-            0..10 => ttl.mul_f64(1.0 + rng.f64()),
-            10..25 => ttl.mul_f64(0.2 + rng.f64() / 3.0),
-            _ => ttl.mul_f64(rng.f64() / 5.0),
-        };
         tokio::select! {
-            () = tokio::time::sleep(nap) => {}
+            () = tokio::time::sleep(nap(rng, ttl)) => {}
             _ = &mut lost, if !cfg.ignore_lost => break,
         }
     }
@@ -405,13 +372,62 @@ async fn work(
     if let Some((hold, lease)) = current().take() {
         emit_end(hold, &lease);
     }
-    // Now and then the release is dropped in flight (the guard's drop then
-    // queues another); otherwise it has two TTLs to answer.
+    release(cfg, rng, pace, key, guard).await;
+}
+
+/// Reports the grant of `hold` and makes it the current one; the task it
+/// returns reports the hold's end when `lost()` fires, whatever the client
+/// is doing then (if it never fires, the end is reported before the release).
+fn announce(key: &str, hold: &str, guard: &Guard) -> tokio::task::JoinHandle<()> {
+    {
+        let mut now_held = current();
+        emit(&Event::Grant {
+            hold: hold.to_string(),
+            key: key.to_string(),
+            mode: guard.mode(),
+            token: guard.token().map(|t| t.get()),
+            seen_ns: Hold::now_ns(),
+            valid_ns: wall_of(guard.deadline().into_std()),
+            valid_on_arrival: guard.is_valid(),
+        });
+        *now_held = Some((hold.to_string(), guard.lease()));
+    }
+    let (lease, hold) = (guard.lease(), hold.to_string());
+    tokio::spawn(async move {
+        let _ = lease.lost().await;
+        let mut current = current();
+        if current.as_ref().is_some_and(|(h, _)| *h == hold)
+            && let Some((hold, lease)) = current.take()
+        {
+            emit_end(hold, &lease);
+        }
+    })
+}
+
+/// A pause between writes: mostly short, so that grants are many; sometimes
+/// past the TTL, so that the watchdog must renew.
+fn nap(rng: &mut fastrand::Rng, ttl: Duration) -> Duration {
+    match rng.u32(0..100) {
+        0..10 => ttl.mul_f64(1.0 + rng.f64()),
+        10..25 => ttl.mul_f64(0.2 + rng.f64() / 3.0),
+        _ => ttl.mul_f64(rng.f64() / 5.0),
+    }
+}
+
+/// Releases `guard`. Now and then the release is dropped in flight (the
+/// guard's drop then queues another); otherwise it has two TTLs to answer.
+async fn release(
+    cfg: &ClientConfig,
+    rng: &mut fastrand::Rng,
+    pace: &mut Pace,
+    key: &str,
+    guard: Guard,
+) {
     let cancel = rng.u32(0..100) < CANCEL_PERCENT;
     let budget = if cancel {
         Pace::budget(rng, pace.release)
     } else {
-        ttl * 2
+        cfg.ttl * 2
     };
     let sent = Instant::now();
     let released = tokio::time::timeout(budget, guard.release()).await;
