@@ -221,15 +221,7 @@ fn lock(s: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
 ///
 /// If the servers, proxies, register or clients cannot be started.
 pub async fn run(cfg: Config) -> io::Result<Report> {
-    let servers = match cfg.spawn {
-        Some(kind) => Some(tokio::task::block_in_place(|| Servers::start(kind))?),
-        None => None,
-    };
-    let url = match (&servers, &cfg.backend) {
-        (Some(s), _) => s.url(),
-        (None, Some(u)) => u.trim().to_string(),
-        (None, None) => return Err(io::Error::other("give --backend URL or --spawn KIND")),
-    };
+    let (servers, url) = target(&cfg)?;
     let probe = fencelock::connect(&url).await.map_err(|e| {
         io::Error::other(format!(
             "cannot reach {}: {e}",
@@ -240,15 +232,7 @@ pub async fn run(cfg: Config) -> io::Result<Report> {
     drop(probe);
     let scheme = url.split("://").next().unwrap_or("").to_string();
     let endpoints = Endpoints::parse(&url);
-    let cluster_topology = scheme.contains("cluster");
-    let mut faults = Vec::new();
-    let mut skipped = Vec::new();
-    for f in &cfg.faults {
-        match f.unsupported(endpoints.is_some(), cluster_topology, cfg.spawn) {
-            None => faults.push(*f),
-            Some(why) => skipped.push(format!("{}: {why}", f.name())),
-        }
-    }
+    let (faults, skipped) = usable_faults(&cfg, endpoints.is_some(), scheme.contains("cluster"));
     let register = Register::start().await?;
     let log_dir = tempfile::Builder::new()
         .prefix("fencelock-torture-log-")
@@ -269,29 +253,7 @@ pub async fn run(cfg: Config) -> io::Result<Report> {
         log,
         prefix,
     };
-    let upstreams = match &endpoints {
-        Some(e) => e.addrs()?,
-        None => Vec::new(),
-    };
-    for i in 0..cfg.clients as usize {
-        let mut proxies = Vec::new();
-        for up in &upstreams {
-            proxies.push(FaultProxy::start(*up).await?);
-        }
-        let via: Vec<SocketAddr> = proxies.iter().map(FaultProxy::addr).collect();
-        let client_url = match &endpoints {
-            Some(e) => e.through(&via),
-            None => url.clone(),
-        };
-        let client = c.spawn_client(i, 0, &client_url)?;
-        c.slots.push(Slot {
-            proxies,
-            url: client_url,
-            incarnation: 0,
-            client,
-            busy: false,
-        });
-    }
+    c.start_clients(&url, endpoints.as_ref()).await?;
     let mut records = Vec::new();
     let started = Instant::now();
     c.inject(&faults, &mut records).await;
@@ -300,16 +262,7 @@ pub async fn run(cfg: Config) -> io::Result<Report> {
     for i in 0..c.slots.len() {
         c.stop_client(i, false).await;
     }
-    let history = {
-        let s = lock(&c.shared);
-        History {
-            events: s.events.clone(),
-            gone_ns: s.gone.clone(),
-            writes: c.register.writes(),
-            faults: records,
-            ttl_ns: c.cfg.ttl.as_nanos(),
-        }
-    };
+    let history = c.history(records);
     if let Some(path) = &c.cfg.history {
         write_history(path, &history)?;
     }
@@ -335,6 +288,77 @@ pub async fn run(cfg: Config) -> io::Result<Report> {
         skipped,
         findings: check(&history),
     })
+}
+
+/// The servers to start (`--spawn`), if any, and the URL of the backend.
+fn target(cfg: &Config) -> io::Result<(Option<Servers>, String)> {
+    let servers = match cfg.spawn {
+        Some(kind) => Some(tokio::task::block_in_place(|| Servers::start(kind))?),
+        None => None,
+    };
+    let url = match (&servers, &cfg.backend) {
+        (Some(s), _) => s.url(),
+        (None, Some(u)) => u.trim().to_string(),
+        (None, None) => return Err(io::Error::other("give --backend URL or --spawn KIND")),
+    };
+    Ok((servers, url))
+}
+
+/// The faults asked for that this target allows, and a note per fault left out.
+fn usable_faults(cfg: &Config, proxied: bool, cluster: bool) -> (Vec<FaultKind>, Vec<String>) {
+    let mut faults = Vec::new();
+    let mut skipped = Vec::new();
+    for f in &cfg.faults {
+        match f.unsupported(proxied, cluster, cfg.spawn) {
+            None => faults.push(*f),
+            Some(why) => skipped.push(format!("{}: {why}", f.name())),
+        }
+    }
+    (faults, skipped)
+}
+
+impl Campaign {
+    /// Starts the clients, each behind its own fault proxies when the URL's
+    /// endpoints can be proxied.
+    async fn start_clients(&mut self, url: &str, endpoints: Option<&Endpoints>) -> io::Result<()> {
+        let upstreams = match endpoints {
+            Some(e) => e.addrs()?,
+            None => Vec::new(),
+        };
+        for i in 0..self.cfg.clients as usize {
+            let mut proxies = Vec::new();
+            for up in &upstreams {
+                proxies.push(FaultProxy::start(*up).await?);
+            }
+            let via: Vec<SocketAddr> = proxies.iter().map(FaultProxy::addr).collect();
+            let client_url = match endpoints {
+                Some(e) => e.through(&via),
+                None => url.to_string(),
+            };
+            let client = self.spawn_client(i, 0, &client_url)?;
+            self.slots.push(Slot {
+                proxies,
+                url: client_url,
+                incarnation: 0,
+                client,
+                busy: false,
+            });
+        }
+        Ok(())
+    }
+
+    /// The whole history: the clients' events, the register's writes and the
+    /// faults injected.
+    fn history(&self, faults: Vec<FaultRecord>) -> History {
+        let s = lock(&self.shared);
+        History {
+            events: s.events.clone(),
+            gone_ns: s.gone.clone(),
+            writes: self.register.writes(),
+            faults,
+            ttl_ns: self.cfg.ttl.as_nanos(),
+        }
+    }
 }
 
 fn write_history(path: &std::path::Path, h: &History) -> io::Result<()> {
