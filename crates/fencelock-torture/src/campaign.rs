@@ -563,111 +563,19 @@ impl Campaign {
     }
 
     async fn start_fault(&mut self, kind: FaultKind, rng: &mut fastrand::Rng) -> Option<Active> {
-        let ttl = self.cfg.ttl;
         let now = Instant::now();
         let (target, heal, last) = match kind {
-            FaultKind::Pause => {
-                let i = self.pick(rng, false, true)?;
-                let c = &mut self.slots[i].client;
-                send_signal(c.child.id()?, Signal::SIGSTOP).ok()?;
-                c.stopped = true;
-                (
-                    c.name.clone(),
-                    Heal::Cont(i),
-                    Self::rng_dur(rng, ttl, 1.2, 2.5),
-                )
-            }
-            FaultKind::Kill => {
-                let i = self.pick(rng, false, true)?;
-                let name = self.slots[i].client.name.clone();
-                self.stop_client(i, true).await;
-                (name, Heal::Respawn(i), Self::rng_dur(rng, ttl, 0.2, 1.0))
-            }
+            FaultKind::Pause => self.pause(rng)?,
+            FaultKind::Kill => self.kill(rng).await?,
             FaultKind::Partition | FaultKind::LostReply | FaultKind::Latency => {
-                let i = self.pick(rng, true, true)?;
-                let s = &mut self.slots[i];
-                s.busy = true;
-                let heal = match kind {
-                    FaultKind::Partition => {
-                        s.proxies.iter().for_each(FaultProxy::blackhole);
-                        Heal::Restore(i)
-                    }
-                    FaultKind::LostReply => {
-                        s.proxies.iter().for_each(FaultProxy::drop_replies);
-                        Heal::CutRestore(i)
-                    }
-                    _ => {
-                        let d = Duration::from_millis(rng.u64(20..=300));
-                        s.proxies.iter().for_each(|p| p.set_latency(d));
-                        Heal::NoLatency(i)
-                    }
-                };
-                let last = match kind {
-                    FaultKind::Partition => Self::rng_dur(rng, ttl, 0.5, 2.0),
-                    FaultKind::LostReply => Self::rng_dur(rng, ttl, 0.1, 0.6),
-                    _ => Self::rng_dur(rng, ttl, 0.5, 1.5),
-                };
-                (s.client.name.clone(), heal, last)
+                self.network(kind, rng)?
             }
-            FaultKind::Clock => {
-                let i = self.pick(rng, true, false)?;
-                let ms = rng.i64(1000..=5000) * if rng.bool() { 1 } else { -1 };
-                let s = &mut self.slots[i];
-                let stdin = s.client.stdin.as_mut()?;
-                stdin
-                    .write_all(format!("clock {ms}\n").as_bytes())
-                    .await
-                    .ok()?;
-                s.busy = true;
-                (
-                    format!("{} by {ms} ms", s.client.name),
-                    Heal::ClockZero(i),
-                    Self::rng_dur(rng, ttl, 1.0, 3.0),
-                )
-            }
+            FaultKind::Clock => self.clock(rng).await?,
             FaultKind::Restart
             | FaultKind::RestartEmpty
             | FaultKind::Leader
             | FaultKind::Minority
-            | FaultKind::Majority => {
-                let servers = self.servers.as_mut()?;
-                let up: Vec<usize> = (0..servers.len()).filter(|&i| servers.is_up(i)).collect();
-                if up.len() < servers.len() {
-                    return None; // one server fault at a time
-                }
-                let n = servers.len();
-                let members: Vec<usize> = match kind {
-                    FaultKind::Leader => vec![tokio::task::block_in_place(|| servers.leader())?],
-                    FaultKind::Minority => {
-                        let k = if n == 5 { 2 } else { 1 };
-                        let mut all: Vec<usize> = (0..n).collect();
-                        if let Some(l) = tokio::task::block_in_place(|| servers.leader()) {
-                            all.retain(|&m| m != l); // a minority of followers
-                        }
-                        rng.shuffle(&mut all);
-                        all.into_iter().take(k).collect()
-                    }
-                    FaultKind::Majority => {
-                        let mut all: Vec<usize> = (0..n).collect();
-                        rng.shuffle(&mut all);
-                        all.into_iter().take(n / 2 + 1).collect()
-                    }
-                    _ => vec![rng.usize(..n)],
-                };
-                for &m in &members {
-                    servers.kill(m);
-                }
-                let keep = kind != FaultKind::RestartEmpty;
-                let names: Vec<String> = members.iter().map(|m| format!("server {m}")).collect();
-                // A Redlock instance that lost its data must stay down longer
-                // than a TTL (the documented assumption); a whole server need not.
-                let down = if !keep && self.cfg.spawn == Some(SpawnKind::Redlock) {
-                    ttl + Self::rng_dur(rng, ttl, 0.2, 1.0)
-                } else {
-                    Self::rng_dur(rng, ttl, 0.2, 1.5)
-                };
-                (names.join("+"), Heal::Members(members, keep), down)
-            }
+            | FaultKind::Majority => self.server_fault(kind, rng)?,
         };
         Some(Active {
             record: FaultRecord {
@@ -679,6 +587,134 @@ impl Campaign {
             heal_at: now + last,
             heal,
         })
+    }
+
+    /// SIGSTOP of a client that holds, past its TTL.
+    fn pause(&mut self, rng: &mut fastrand::Rng) -> Option<(String, Heal, Duration)> {
+        let ttl = self.cfg.ttl;
+        let i = self.pick(rng, false, true)?;
+        let c = &mut self.slots[i].client;
+        send_signal(c.child.id()?, Signal::SIGSTOP).ok()?;
+        c.stopped = true;
+        Some((
+            c.name.clone(),
+            Heal::Cont(i),
+            Self::rng_dur(rng, ttl, 1.2, 2.5),
+        ))
+    }
+
+    /// SIGKILL of a client; a new one takes its place when it heals.
+    async fn kill(&mut self, rng: &mut fastrand::Rng) -> Option<(String, Heal, Duration)> {
+        let i = self.pick(rng, false, true)?;
+        let name = self.slots[i].client.name.clone();
+        self.stop_client(i, true).await;
+        Some((
+            name,
+            Heal::Respawn(i),
+            Self::rng_dur(rng, self.cfg.ttl, 0.2, 1.0),
+        ))
+    }
+
+    /// A partition, lost replies or added latency between one client and the
+    /// servers (its proxies).
+    fn network(
+        &mut self,
+        kind: FaultKind,
+        rng: &mut fastrand::Rng,
+    ) -> Option<(String, Heal, Duration)> {
+        let ttl = self.cfg.ttl;
+        let i = self.pick(rng, true, true)?;
+        let s = &mut self.slots[i];
+        s.busy = true;
+        let heal = match kind {
+            FaultKind::Partition => {
+                s.proxies.iter().for_each(FaultProxy::blackhole);
+                Heal::Restore(i)
+            }
+            FaultKind::LostReply => {
+                s.proxies.iter().for_each(FaultProxy::drop_replies);
+                Heal::CutRestore(i)
+            }
+            _ => {
+                let d = Duration::from_millis(rng.u64(20..=300));
+                s.proxies.iter().for_each(|p| p.set_latency(d));
+                Heal::NoLatency(i)
+            }
+        };
+        let last = match kind {
+            FaultKind::Partition => Self::rng_dur(rng, ttl, 0.5, 2.0),
+            FaultKind::LostReply => Self::rng_dur(rng, ttl, 0.1, 0.6),
+            _ => Self::rng_dur(rng, ttl, 0.5, 1.5),
+        };
+        Some((s.client.name.clone(), heal, last))
+    }
+
+    /// A client's clock set off by 1 to 5 s, either way.
+    async fn clock(&mut self, rng: &mut fastrand::Rng) -> Option<(String, Heal, Duration)> {
+        let ttl = self.cfg.ttl;
+        let i = self.pick(rng, true, false)?;
+        let ms = rng.i64(1000..=5000) * if rng.bool() { 1 } else { -1 };
+        let s = &mut self.slots[i];
+        let stdin = s.client.stdin.as_mut()?;
+        stdin
+            .write_all(format!("clock {ms}\n").as_bytes())
+            .await
+            .ok()?;
+        s.busy = true;
+        Some((
+            format!("{} by {ms} ms", s.client.name),
+            Heal::ClockZero(i),
+            Self::rng_dur(rng, ttl, 1.0, 3.0),
+        ))
+    }
+
+    /// Servers killed (restarted with or without their data when it heals):
+    /// one, the leader, a minority of followers or a majority; one server
+    /// fault at a time.
+    fn server_fault(
+        &mut self,
+        kind: FaultKind,
+        rng: &mut fastrand::Rng,
+    ) -> Option<(String, Heal, Duration)> {
+        let ttl = self.cfg.ttl;
+        let spawn = self.cfg.spawn;
+        let servers = self.servers.as_mut()?;
+        let up: Vec<usize> = (0..servers.len()).filter(|&i| servers.is_up(i)).collect();
+        if up.len() < servers.len() {
+            return None;
+        }
+        let n = servers.len();
+        let members: Vec<usize> = match kind {
+            FaultKind::Leader => vec![tokio::task::block_in_place(|| servers.leader())?],
+            FaultKind::Minority => {
+                let k = if n == 5 { 2 } else { 1 };
+                let mut all: Vec<usize> = (0..n).collect();
+                if let Some(l) = tokio::task::block_in_place(|| servers.leader()) {
+                    all.retain(|&m| m != l); // a minority of followers
+                }
+                rng.shuffle(&mut all);
+                all.into_iter().take(k).collect()
+            }
+            FaultKind::Majority => {
+                let mut all: Vec<usize> = (0..n).collect();
+                rng.shuffle(&mut all);
+                all.into_iter().take(n / 2 + 1).collect()
+            }
+            _ => vec![rng.usize(..n)],
+        };
+        for &m in &members {
+            servers.kill(m);
+        }
+        let keep = kind != FaultKind::RestartEmpty;
+        let names: Vec<String> = members.iter().map(|m| format!("server {m}")).collect();
+        // A Redlock instance that lost its data must stay down longer
+        // than a TTL (the documented assumption); a whole server need not.
+        let down = if !keep && spawn == Some(SpawnKind::Redlock) {
+            ttl + Self::rng_dur(rng, ttl, 0.2, 1.0)
+        } else {
+            Self::rng_dur(rng, ttl, 0.2, 1.5)
+        };
+        Some((names.join("+"), Heal::Members(members, keep), down))
     }
 
     async fn heal(&mut self, mut a: Active) -> FaultRecord {
