@@ -258,112 +258,11 @@ impl Servers {
 
     fn start_member(&mut self, i: usize, first: bool) -> io::Result<()> {
         let m = &self.members[i];
-        let port = m.port.to_string();
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(m.dir.with_extension("log"))?;
-        let mut cmd;
-        let name;
-        match self.kind {
-            SpawnKind::Redis | SpawnKind::Redlock => {
-                name = "redis-server";
-                cmd = Command::new(name);
-                cmd.args(["--bind", "127.0.0.1", "--port", &port, "--save", ""])
-                    .args(["--appendonly", "yes", "--appendfsync", "always"])
-                    .arg("--dir")
-                    .arg(&m.dir);
-            }
-            SpawnKind::Memcached => {
-                name = "memcached";
-                cmd = Command::new(name);
-                cmd.args(["-l", "127.0.0.1", "-p", &port, "-U", "0", "-m", "16"]);
-                if running_as_root() {
-                    cmd.args(["-u", "memcache"]);
-                }
-            }
-            SpawnKind::Etcd => {
-                name = "etcd";
-                let initial: Vec<String> = self
-                    .members
-                    .iter()
-                    .enumerate()
-                    .map(|(j, m)| format!("m{j}=http://127.0.0.1:{}", m.peer[0]))
-                    .collect();
-                let client = format!("http://127.0.0.1:{port}");
-                let peer = format!("http://127.0.0.1:{}", m.peer[0]);
-                cmd = Command::new(name);
-                cmd.arg("--name")
-                    .arg(format!("m{i}"))
-                    .arg("--data-dir")
-                    .arg(m.dir.join("data"))
-                    .args(["--listen-client-urls", &client])
-                    .args(["--advertise-client-urls", &client])
-                    .args(["--listen-peer-urls", &peer])
-                    .args(["--initial-advertise-peer-urls", &peer])
-                    .args(["--initial-cluster", &initial.join(",")])
-                    .args([
-                        "--initial-cluster-state",
-                        if first { "new" } else { "existing" },
-                    ])
-                    .args([
-                        "--initial-cluster-token",
-                        &format!("torture-{}", self.members[0].port),
-                    ]);
-            }
-            SpawnKind::Zookeeper => {
-                name = "zookeeper";
-                let servers: Vec<String> = self
-                    .members
-                    .iter()
-                    .enumerate()
-                    .map(|(j, m)| format!("server.{}=127.0.0.1:{}:{}", j + 1, m.peer[0], m.peer[1]))
-                    .collect();
-                std::fs::create_dir_all(m.dir.join("data"))?;
-                std::fs::write(m.dir.join("data/myid"), format!("{}\n", i + 1))?;
-                let cfg = format!(
-                    "tickTime=500\ninitLimit=20\nsyncLimit=10\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\nmaxSessionTimeout=60000\nadmin.enableServer=false\n4lw.commands.whitelist=*\n{}\n",
-                    m.dir.join("data").display(),
-                    servers.join("\n")
-                );
-                std::fs::write(m.dir.join("zoo.cfg"), cfg)?;
-                cmd = Command::new("java");
-                cmd.args([
-                    "-cp",
-                    "/etc/zookeeper/conf_example:/usr/share/java/zookeeper.jar",
-                ])
-                .arg(format!("-Dzookeeper.log.dir={}", m.dir.display()))
-                .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
-                .arg(m.dir.join("zoo.cfg"));
-            }
-            SpawnKind::PostgresLease | SpawnKind::PostgresAdvisory => {
-                name = "postgres";
-                let (uid, gid) = account_ids("postgres")?;
-                cmd = Command::new(postgres_program("postgres")?);
-                cmd.arg("-D")
-                    .arg(m.dir.join("data"))
-                    .args(["-p", &port, "-c", "listen_addresses=127.0.0.1"])
-                    .arg("-c")
-                    .arg(format!("unix_socket_directories={}", m.dir.display()))
-                    .args(["-c", "synchronous_commit=off"])
-                    .uid(uid)
-                    .gid(gid);
-            }
-            SpawnKind::MysqlLease | SpawnKind::MysqlGetLock => {
-                name = "mariadbd";
-                let d = &m.dir;
-                cmd = Command::new(name);
-                cmd.args(["--no-defaults", "--user=root", "--skip-grant-tables"])
-                    .args(["--bind-address=127.0.0.1", "--skip-log-bin"])
-                    .args(["--innodb-buffer-pool-size=16M"])
-                    .arg("--transaction-isolation=READ-COMMITTED")
-                    .arg(format!("--datadir={}", d.join("data").display()))
-                    .arg(format!("--socket={}", d.join("sock").display()))
-                    .arg(format!("--tmpdir={}", d.join("tmp").display()))
-                    .arg(format!("--pid-file={}", d.join("pid").display()))
-                    .arg(format!("--port={port}"));
-            }
-        }
+        let (name, mut cmd) = self.command(i, first)?;
         // Its own process group: a kill takes every process of the server.
         cmd.stdout(Stdio::null()).stderr(log).process_group(0);
         let process = ServerProcess::spawn(name, cmd, m.port, Duration::from_secs(60))?;
@@ -376,6 +275,121 @@ impl Servers {
             pg_wait_ready(self.members[i].port, Duration::from_secs(60))?;
         }
         Ok(())
+    }
+
+    /// The server program's name and the command that starts member `i`
+    /// (`first`: the ensemble is new).
+    fn command(&self, i: usize, first: bool) -> io::Result<(&'static str, Command)> {
+        let m = &self.members[i];
+        let port = m.port.to_string();
+        Ok(match self.kind {
+            SpawnKind::Redis | SpawnKind::Redlock => {
+                let mut cmd = Command::new("redis-server");
+                cmd.args(["--bind", "127.0.0.1", "--port", &port, "--save", ""])
+                    .args(["--appendonly", "yes", "--appendfsync", "always"])
+                    .arg("--dir")
+                    .arg(&m.dir);
+                ("redis-server", cmd)
+            }
+            SpawnKind::Memcached => {
+                let mut cmd = Command::new("memcached");
+                cmd.args(["-l", "127.0.0.1", "-p", &port, "-U", "0", "-m", "16"]);
+                if running_as_root() {
+                    cmd.args(["-u", "memcache"]);
+                }
+                ("memcached", cmd)
+            }
+            SpawnKind::Etcd => ("etcd", self.etcd_command(i, first)),
+            SpawnKind::Zookeeper => ("zookeeper", self.zookeeper_command(i)?),
+            SpawnKind::PostgresLease | SpawnKind::PostgresAdvisory => {
+                let (uid, gid) = account_ids("postgres")?;
+                let mut cmd = Command::new(postgres_program("postgres")?);
+                cmd.arg("-D")
+                    .arg(m.dir.join("data"))
+                    .args(["-p", &port, "-c", "listen_addresses=127.0.0.1"])
+                    .arg("-c")
+                    .arg(format!("unix_socket_directories={}", m.dir.display()))
+                    .args(["-c", "synchronous_commit=off"])
+                    .uid(uid)
+                    .gid(gid);
+                ("postgres", cmd)
+            }
+            SpawnKind::MysqlLease | SpawnKind::MysqlGetLock => {
+                let d = &m.dir;
+                let mut cmd = Command::new("mariadbd");
+                cmd.args(["--no-defaults", "--user=root", "--skip-grant-tables"])
+                    .args(["--bind-address=127.0.0.1", "--skip-log-bin"])
+                    .args(["--innodb-buffer-pool-size=16M"])
+                    .arg("--transaction-isolation=READ-COMMITTED")
+                    .arg(format!("--datadir={}", d.join("data").display()))
+                    .arg(format!("--socket={}", d.join("sock").display()))
+                    .arg(format!("--tmpdir={}", d.join("tmp").display()))
+                    .arg(format!("--pid-file={}", d.join("pid").display()))
+                    .arg(format!("--port={port}"));
+                ("mariadbd", cmd)
+            }
+        })
+    }
+
+    /// etcd member `i` of the cluster (`first`: a new cluster).
+    fn etcd_command(&self, i: usize, first: bool) -> Command {
+        let m = &self.members[i];
+        let initial: Vec<String> = self
+            .members
+            .iter()
+            .enumerate()
+            .map(|(j, m)| format!("m{j}=http://127.0.0.1:{}", m.peer[0]))
+            .collect();
+        let client = format!("http://127.0.0.1:{}", m.port);
+        let peer = format!("http://127.0.0.1:{}", m.peer[0]);
+        let mut cmd = Command::new("etcd");
+        cmd.arg("--name")
+            .arg(format!("m{i}"))
+            .arg("--data-dir")
+            .arg(m.dir.join("data"))
+            .args(["--listen-client-urls", &client])
+            .args(["--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &initial.join(",")])
+            .args([
+                "--initial-cluster-state",
+                if first { "new" } else { "existing" },
+            ])
+            .args([
+                "--initial-cluster-token",
+                &format!("torture-{}", self.members[0].port),
+            ]);
+        cmd
+    }
+
+    /// ZooKeeper member `i` of the ensemble: its `myid` and `zoo.cfg` written.
+    fn zookeeper_command(&self, i: usize) -> io::Result<Command> {
+        let m = &self.members[i];
+        let servers: Vec<String> = self
+            .members
+            .iter()
+            .enumerate()
+            .map(|(j, m)| format!("server.{}=127.0.0.1:{}:{}", j + 1, m.peer[0], m.peer[1]))
+            .collect();
+        std::fs::create_dir_all(m.dir.join("data"))?;
+        std::fs::write(m.dir.join("data/myid"), format!("{}\n", i + 1))?;
+        let cfg = format!(
+            "tickTime=500\ninitLimit=20\nsyncLimit=10\ndataDir={}\nclientPort={}\nclientPortAddress=127.0.0.1\nmaxSessionTimeout=60000\nadmin.enableServer=false\n4lw.commands.whitelist=*\n{}\n",
+            m.dir.join("data").display(),
+            m.port,
+            servers.join("\n")
+        );
+        std::fs::write(m.dir.join("zoo.cfg"), cfg)?;
+        let mut cmd = Command::new("java");
+        cmd.args([
+            "-cp",
+            "/etc/zookeeper/conf_example:/usr/share/java/zookeeper.jar",
+        ])
+        .arg(format!("-Dzookeeper.log.dir={}", m.dir.display()))
+        .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
+        .arg(m.dir.join("zoo.cfg"));
+        Ok(cmd)
     }
 }
 
