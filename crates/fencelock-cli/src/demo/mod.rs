@@ -166,14 +166,19 @@ async fn paused_holder_act(setup: &Setup<'_>) -> Result<bool, String> {
             .ok_or_else(|| "the paused holder exited early".to_string())
     };
     let holding = next_line(&mut lines).await?;
-    if !holding.starts_with("holding ") {
+    let Some((token, read)) = holding
+        .strip_prefix("holding ")
+        .and_then(|rest| rest.split_once(' '))
+    else {
         return Err(format!(
             "unexpected line from the paused holder: {holding:?}"
         ));
-    }
+    };
     signal(&victim, Signal::SIGSTOP)?;
     let paused_at = Instant::now();
-    println!("   paused the holder ({holding}) with SIGSTOP; the other buyers wait for its TTL");
+    println!(
+        "   paused the holder (token {token}; it read stock {read}) with SIGSTOP; the other buyers wait for its TTL"
+    );
     wait_all(setup.spawn_buyers(3, args.processes - 1)?).await?;
     let min_pause = args.pause_ttl * 2;
     if let Some(left) = min_pause.checked_sub(paused_at.elapsed()) {
@@ -295,6 +300,12 @@ pub async fn demo(args: DemoArgs) -> u8 {
     print_table(&acts);
     let ok = acts.iter().filter(|a| a.judged).all(Act::correct);
     println!();
+    if let Some(a) = acts.iter().find(|a| !a.judged && a.oversold() > 0) {
+        println!(
+            "act 1 sold {} of a stock of {}: buyers read the same stock at once and each wrote back what it read minus one, so the decrements of sales made between another buyer's read and write were lost (lost updates) and the stock ran out far too late.",
+            a.tally.sold, a.stock
+        );
+    }
     if ok && caps.fencing {
         println!(
             "with fencelock nothing was oversold, tokens rose with every sale, and the paused holder's stale write was fenced off."
