@@ -60,6 +60,8 @@ pub(crate) struct LeaseState {
     pub(crate) lost: Option<LostReason>,
     /// What `lost` becomes if the deadline passes.
     pub(crate) on_expiry: LostReason,
+    /// The backend's name (the metrics' `backend` label).
+    pub(crate) backend: &'static str,
 }
 
 pub(crate) type StateCell = Arc<watch::Sender<LeaseState>>;
@@ -91,6 +93,7 @@ pub(crate) fn validity_deadline(start: Instant, ttl: Duration) -> Instant {
 pub(crate) fn expire_if_due(state: &watch::Sender<LeaseState>, now: Instant) -> bool {
     state.send_if_modified(|s| {
         if s.lost.is_none() && now >= s.deadline {
+            crate::metrics::lost(s.backend, &s.on_expiry);
             s.lost = Some(s.on_expiry.clone());
             true
         } else {
@@ -105,6 +108,7 @@ pub(crate) fn mark_lost(state: &watch::Sender<LeaseState>, reason: LostReason) -
         if s.lost.is_some() {
             return false;
         }
+        crate::metrics::lost(s.backend, &reason);
         s.lost = Some(reason);
         true
     })
@@ -387,6 +391,7 @@ impl Guard {
         self.stop_renewing();
         mark_lost(&self.lease.state, LostReason::Released);
         let hold = self.acquired_at.elapsed();
+        crate::metrics::hold(self.shared.backend.name(), hold);
         let span = tracing::debug_span!(
             "fencelock.release",
             key = %self.lease_ref.key,
@@ -440,6 +445,7 @@ impl Drop for Guard {
             return;
         }
         mark_lost(&self.lease.state, LostReason::Released);
+        crate::metrics::hold(self.shared.backend.name(), self.acquired_at.elapsed());
         self.stop_renewing();
         // Non-blocking: the Locker's background task performs the release.
         let _ = self.shared.drops.send(DropRelease(self.lease_ref.clone()));

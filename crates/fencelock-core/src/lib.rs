@@ -46,6 +46,7 @@ mod key;
 mod line;
 mod locker;
 mod memory;
+pub mod metrics;
 mod mode;
 mod multi;
 mod queue_rule;

@@ -216,6 +216,7 @@ impl Locker {
             deadline: validity_deadline(grant.requested_at, grant.ttl),
             lost: None,
             on_expiry: LostReason::Expired,
+            backend: self.shared.backend.name(),
         }));
         let watchdog_id = if opts.renew {
             self.shared.ensure_worker();
@@ -447,17 +448,30 @@ impl LockBuilder {
     /// As [`LockBuilder::acquire`].
     pub async fn try_acquire(self) -> Result<Option<Guard>> {
         let req = self.request()?;
+        let start = Instant::now();
+        let result = self.try_once(&req).await;
+        let busy = matches!(result, Ok(None));
+        let name = self.locker.shared.backend.name();
+        crate::metrics::acquire(
+            name,
+            crate::metrics::outcome_of(&result, busy),
+            start.elapsed(),
+        );
+        result
+    }
+
+    async fn try_once(&self, req: &Request) -> Result<Option<Guard>> {
         let backend = &self.locker.shared.backend;
-        let span = acquire_span(backend.as_ref(), &req);
+        let span = acquire_span(backend.as_ref(), req);
         // A grant lost before it could be handed out (see `freshen`) is
         // tried once more: the key may be free by now.
         for _ in 0..2 {
-            let Some(g) = backend.try_acquire(&req).instrument(span.clone()).await? else {
+            let Some(g) = backend.try_acquire(req).instrument(span.clone()).await? else {
                 return Ok(None);
             };
-            if let Some(g) = freshen(&self.locker, &req, g, None).await? {
-                log_grant(&req, &g, Duration::ZERO);
-                return Ok(Some(self.locker.guard_for(&req, g, &self.opts)));
+            if let Some(g) = freshen(&self.locker, req, g, None).await? {
+                log_grant(req, &g, Duration::ZERO);
+                return Ok(Some(self.locker.guard_for(req, g, &self.opts)));
             }
         }
         Ok(None)
@@ -539,6 +553,24 @@ pub(crate) async fn acquire_one(
     opts: &LockOptions,
 ) -> Result<Guard> {
     let start = Instant::now();
+    let name = locker.shared.backend.name();
+    let waiting = crate::metrics::Waiting::new(name);
+    let result = acquire_waiting(locker, req, opts, start).await;
+    drop(waiting);
+    crate::metrics::acquire(
+        name,
+        crate::metrics::outcome_of(&result, false),
+        start.elapsed(),
+    );
+    result
+}
+
+async fn acquire_waiting(
+    locker: &Locker,
+    req: &Request,
+    opts: &LockOptions,
+    start: Instant,
+) -> Result<Guard> {
     let deadline = opts.deadline(start);
     let timeout = || Error::Timeout {
         key: req.key.to_string(),
