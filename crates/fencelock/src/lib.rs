@@ -44,6 +44,9 @@ pub use fencelock_core::*;
 
 use fencelock_core::backend::{Driver, MEMORY_DRIVER, redact_url};
 
+#[cfg(feature = "blocking")]
+pub mod blocking;
+
 /// The backend crates compiled into this build.
 pub mod backends {
     /// The in-memory backend (always present).
