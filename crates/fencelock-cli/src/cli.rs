@@ -241,8 +241,21 @@ fn parse_faults(s: &str) -> Result<FaultList, String> {
 pub struct StatusArgs {
     #[command(flatten)]
     pub backend: BackendArg,
-    /// The lock's key.
-    pub key: String,
+    /// The lock's key (optional with --watch: then every held key under --prefix).
+    #[arg(required_unless_present = "watch")]
+    pub key: Option<String>,
+    /// Refresh a table of the held keys every --interval until Ctrl-C.
+    #[arg(long)]
+    pub watch: bool,
+    /// With --watch: only keys that start with this.
+    #[arg(long, default_value = "", value_name = "P", requires = "watch")]
+    pub prefix: String,
+    /// With --watch: one JSON object per refresh, a line each, instead of the table.
+    #[arg(long, requires = "watch")]
+    pub json: bool,
+    /// With --watch: how often to refresh.
+    #[arg(long, default_value = "1s", value_parser = parse_duration, value_name = "D", requires = "watch")]
+    pub interval: Duration,
 }
 
 #[derive(Debug, Args)]
@@ -335,7 +348,9 @@ that reproduces it); 69 backend unreachable; 64 bad usage.";
 const STATUS_HELP: &str = "\
 Examples:
   fencelock status nightly
-  fencelock status --backend sqlite:///var/lib/locks.db orders/42";
+  fencelock status --backend sqlite:///var/lib/locks.db orders/42
+  fencelock status --watch --prefix orders/      # a live table until Ctrl-C
+  fencelock status --watch --json | jq .         # one object per refresh";
 
 const LIST_HELP: &str = "\
 Examples:

@@ -48,7 +48,7 @@ fn last_token(info: &LockInfo) -> String {
         .map_or(String::new(), |t| format!(", last token {t}"))
 }
 
-fn unsupported_or(e: &Error, backend: &str) -> u8 {
+pub(crate) fn unsupported_or(e: &Error, backend: &str) -> u8 {
     if let Error::Unsupported { .. } = e {
         eprintln!("fencelock: not supported by {backend}: it cannot inspect locks");
         return exit::FAILURE;
@@ -65,18 +65,24 @@ pub async fn status(args: StatusArgs) -> u8 {
         Ok(l) => l,
         Err(code) => return code,
     };
+    if args.watch {
+        return crate::watch::watch(&locker, &args).await;
+    }
     let name = locker.backend().name();
-    match locker.inspect(&args.key).await {
+    let Some(key) = args.key.as_deref() else {
+        return exit::USAGE;
+    };
+    match locker.inspect(key).await {
         Ok(None) => {
-            out!("{}: free (never locked)", args.key);
+            out!("{key}: free (never locked)");
             0
         }
         Ok(Some(info)) if info.holders.is_empty() => {
-            out!("{}: free{}", args.key, last_token(&info));
+            out!("{key}: free{}", last_token(&info));
             0
         }
         Ok(Some(info)) => {
-            out!("{}: held{}", args.key, last_token(&info));
+            out!("{key}: held{}", last_token(&info));
             print_holders(&info);
             0
         }

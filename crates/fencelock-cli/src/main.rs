@@ -10,6 +10,7 @@ mod plot;
 mod process_tree;
 mod run;
 mod torture;
+mod watch;
 
 use std::process::ExitCode;
 use std::time::Duration;
