@@ -253,6 +253,43 @@ impl BackendUrl {
             .transpose()
     }
 
+    /// Takes the options the SQL backends share: `mode=` (one of `modes`,
+    /// the first being the default), `ttl=` (a duration) and `pool=` (a
+    /// positive number, `pool` if absent). Returns the mode, the TTL and the
+    /// pool size.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] naming the option whose value is wrong.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use fencelock_core::backend::BackendUrl;
+    ///
+    /// let mut u = BackendUrl::parse("postgres", "postgres://h/db?mode=advisory&pool=2", &["postgres"])?;
+    /// let (mode, ttl, pool) = u.take_sql_options(&[("lease", 0), ("advisory", 1)], 8)?;
+    /// assert_eq!((mode, ttl, pool), (1, None, 2));
+    /// assert!(u.take_sql_options(&[("lease", 0)], 8).is_ok()); // taken: defaults now
+    /// # Ok::<(), fencelock_core::Error>(())
+    /// ```
+    pub fn take_sql_options<M: Copy>(
+        &mut self,
+        modes: &[(&str, M)],
+        pool: u32,
+    ) -> Result<(M, Option<Duration>, u32)> {
+        let default = modes
+            .first()
+            .map(|(_, m)| *m)
+            .ok_or_else(|| Error::config(format!("{}: no modes to choose from", self.backend)))?;
+        let mode = self.take_choice("mode", modes)?.unwrap_or(default);
+        let ttl = self.take_duration("ttl")?;
+        let pool = self
+            .take_parsed::<std::num::NonZeroU32>("pool", "a positive number")?
+            .map_or(pool, std::num::NonZeroU32::get);
+        Ok((mode, ttl, pool))
+    }
+
     /// The error of option `name` whose value `value` is wrong: `why`.
     pub fn bad_value(&self, name: &str, value: &str, why: &str) -> Error {
         Error::config(format!("{} option {name}={value:?}: {why}", self.backend))

@@ -1,6 +1,5 @@
 //! Options of the MySQL/MariaDB backend and its URL form.
 
-use std::num::NonZeroU32;
 use std::time::Duration;
 
 use fencelock_core::Result;
@@ -60,18 +59,15 @@ pub(crate) fn parse_url(url: &str) -> Result<(String, MyOptions)> {
 
 /// Takes the options of the table above out of `u` (the rest are the driver's).
 fn take_options(u: &mut BackendUrl) -> Result<MyOptions> {
-    let mut options = MyOptions::default();
-    if let Some(mode) = u.take_choice(
-        "mode",
+    let (mode, default_ttl, pool) = u.take_sql_options(
         &[("lease", MyMode::Lease), ("get_lock", MyMode::GetLock)],
-    )? {
-        options.mode = mode;
-    }
-    options.default_ttl = u.take_duration("ttl")?;
-    if let Some(pool) = u.take_parsed::<NonZeroU32>("pool", "a positive number")? {
-        options.pool = pool.get();
-    }
-    Ok(options)
+        MyOptions::default().pool,
+    )?;
+    Ok(MyOptions {
+        mode,
+        default_ttl,
+        pool,
+    })
 }
 
 #[cfg(test)]

@@ -1,6 +1,5 @@
 //! Options of the PostgreSQL backend and its URL form.
 
-use std::num::NonZeroU32;
 use std::time::Duration;
 
 use fencelock_core::Result;
@@ -58,18 +57,15 @@ pub(crate) fn parse_url(url: &str) -> Result<(String, PgOptions)> {
 
 /// Takes the options of the table above out of `u` (the rest are the driver's).
 fn take_options(u: &mut BackendUrl) -> Result<PgOptions> {
-    let mut options = PgOptions::default();
-    if let Some(mode) = u.take_choice(
-        "mode",
+    let (mode, default_ttl, pool) = u.take_sql_options(
         &[("lease", PgMode::Lease), ("advisory", PgMode::Advisory)],
-    )? {
-        options.mode = mode;
-    }
-    options.default_ttl = u.take_duration("ttl")?;
-    if let Some(pool) = u.take_parsed::<NonZeroU32>("pool", "a positive number")? {
-        options.pool = pool.get();
-    }
-    Ok(options)
+        PgOptions::default().pool,
+    )?;
+    Ok(PgOptions {
+        mode,
+        default_ttl,
+        pool,
+    })
 }
 
 #[cfg(test)]
