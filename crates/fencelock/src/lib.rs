@@ -2,8 +2,10 @@
 //! fail over and networks split.
 //!
 //! Every backend gives the same API: fencing tokens where the backend can
-//! guarantee them, a lease-lost signal, watchdog renewal and notification-based
-//! waiting. Pick the backend with a URL:
+//! guarantee them, a lease-lost signal, watchdog renewal, and waiting woken by
+//! the backend's notification where it has one (pub/sub, watches, `LISTEN`, the
+//! server's own lock queue; SQLite across processes, the MySQL lease table and
+//! memcached poll with backoff). Pick the backend with a URL:
 //!
 //! | URL | backend | cargo feature |
 //! |---|---|---|
