@@ -4,8 +4,8 @@
 //! Every backend gives the same API: fencing tokens where the backend can
 //! guarantee them, a lease-lost signal, watchdog renewal, and waiting woken by
 //! the backend's notification where it has one (pub/sub, watches, `LISTEN`, the
-//! server's own lock queue; SQLite across processes, the MySQL lease table and
-//! memcached poll with backoff). Pick the backend with a URL:
+//! server's own lock queue; across processes, SQLite, memcached and the MySQL
+//! lease table poll with backoff). Pick the backend with a URL:
 //!
 //! | URL | backend | cargo feature |
 //! |---|---|---|
