@@ -254,7 +254,7 @@ pub struct StatusArgs {
     #[arg(long, requires = "watch")]
     pub json: bool,
     /// With --watch: how often to refresh.
-    #[arg(long, default_value = "1s", value_parser = parse_duration, value_name = "D", requires = "watch")]
+    #[arg(long, default_value = "1s", value_parser = parse_interval, value_name = "D", requires = "watch")]
     pub interval: Duration,
 }
 
@@ -272,6 +272,15 @@ pub struct ListArgs {
 pub enum Wait {
     Forever,
     For(Duration),
+}
+
+/// A refresh interval: a duration of at least 10 ms.
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < Duration::from_millis(10) {
+        return Err("the interval must be at least 10ms".to_string());
+    }
+    Ok(d)
 }
 
 /// A humantime duration: `500ms`, `30s`, `5m`.

@@ -1,5 +1,7 @@
 //! `fencelock status --watch`: a live table of the held keys, refreshed until
-//! Ctrl-C; with `--json`, one object per refresh for scripts.
+//! Ctrl-C; with `--json`, one object per refresh for scripts. A refresh that
+//! fails (the backend out of reach) is shown and tried again; a backend that
+//! cannot list locks ends it.
 
 use std::io::Write;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -20,15 +22,30 @@ pub async fn watch(locker: &Locker, args: &StatusArgs) -> u8 {
             _ = &mut ctrl_c => return 0,
             _ = ticker.tick() => {}
         }
-        let infos = match held(locker, args).await {
-            Ok(i) => i,
-            Err(e) => return unsupported_or(&e, locker.backend().name()),
+        // Ctrl-C also ends a refresh that hangs on the backend.
+        let infos = tokio::select! {
+            _ = &mut ctrl_c => return 0,
+            r = held(locker, args) => r,
         };
-        let text = if args.json {
-            json(&infos).to_string() + "\n"
-        } else {
-            let width = console::Term::stdout().size().1 as usize;
-            table(locker, args, &infos, width.max(40))
+        let infos = match infos {
+            Ok(i) => Ok(i),
+            Err(e @ fencelock::Error::Unsupported { .. }) => {
+                return unsupported_or(&e, locker.backend().name());
+            }
+            // Shown, and tried again at the next refresh.
+            Err(e) => Err(e),
+        };
+        let text = match (&infos, args.json) {
+            (Ok(infos), true) => json(infos).to_string() + "\n",
+            (Err(e), true) => {
+                serde_json::json!({ "at_ms": unix_ms() as u64, "error": e.to_string() }).to_string()
+                    + "\n"
+            }
+            (Ok(infos), false) => {
+                let width = console::Term::stdout().size().1 as usize;
+                table(locker, args, infos, width.max(40))
+            }
+            (Err(e), false) => format!("\x1b[H\x1b[2Jfencelock status: {e} (retrying)\n"),
         };
         let mut out = std::io::stdout().lock();
         if out

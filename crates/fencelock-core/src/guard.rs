@@ -93,7 +93,7 @@ pub(crate) fn validity_deadline(start: Instant, ttl: Duration) -> Instant {
 pub(crate) fn expire_if_due(state: &watch::Sender<LeaseState>, now: Instant) -> bool {
     state.send_if_modified(|s| {
         if s.lost.is_none() && now >= s.deadline {
-            crate::metrics::lost(s.backend, &s.on_expiry);
+            crate::telemetry::lost(s.backend, &s.on_expiry);
             s.lost = Some(s.on_expiry.clone());
             true
         } else {
@@ -108,7 +108,7 @@ pub(crate) fn mark_lost(state: &watch::Sender<LeaseState>, reason: LostReason) -
         if s.lost.is_some() {
             return false;
         }
-        crate::metrics::lost(s.backend, &reason);
+        crate::telemetry::lost(s.backend, &reason);
         s.lost = Some(reason);
         true
     })
@@ -389,9 +389,11 @@ impl Guard {
     pub async fn release(mut self) -> Result<()> {
         self.done = true;
         self.stop_renewing();
+        // A deadline that passed unnoticed is a lost lease, not a release.
+        expire_if_due(&self.lease.state, Instant::now());
         mark_lost(&self.lease.state, LostReason::Released);
         let hold = self.acquired_at.elapsed();
-        crate::metrics::hold(self.shared.backend.name(), hold);
+        crate::telemetry::hold(self.shared.backend.name(), hold);
         let span = tracing::debug_span!(
             "fencelock.release",
             key = %self.lease_ref.key,
@@ -444,8 +446,9 @@ impl Drop for Guard {
         if self.done {
             return;
         }
+        expire_if_due(&self.lease.state, Instant::now());
         mark_lost(&self.lease.state, LostReason::Released);
-        crate::metrics::hold(self.shared.backend.name(), self.acquired_at.elapsed());
+        crate::telemetry::hold(self.shared.backend.name(), self.acquired_at.elapsed());
         self.stop_renewing();
         // Non-blocking: the Locker's background task performs the release.
         let _ = self.shared.drops.send(DropRelease(self.lease_ref.clone()));

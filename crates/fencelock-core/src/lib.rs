@@ -2,7 +2,7 @@
 //! in-memory backend and the history checker.
 //!
 //! Most users depend on the `fencelock` facade crate, which re-exports all of
-//! this and adds `Locker::connect(url)` for every backend compiled in. Backend
+//! this and adds `fencelock::connect(url)` for every backend compiled in. Backend
 //! crates depend on this crate only: what they need beyond the user's API
 //! (the [`Backend`] trait's types, the URL parser, the wait loop, session
 //! bookkeeping, the driver) is in [`backend`].
@@ -46,7 +46,6 @@ mod key;
 mod line;
 mod locker;
 mod memory;
-pub mod metrics;
 mod mode;
 mod multi;
 mod queue_rule;
@@ -54,6 +53,7 @@ mod session_holds;
 #[cfg(all(test, shuttle))]
 mod shuttle_tests;
 mod sync;
+pub mod telemetry;
 mod token;
 mod url;
 mod wait;

@@ -452,9 +452,9 @@ impl LockBuilder {
         let result = self.try_once(&req).await;
         let busy = matches!(result, Ok(None));
         let name = self.locker.shared.backend.name();
-        crate::metrics::acquire(
+        crate::telemetry::acquire(
             name,
-            crate::metrics::outcome_of(&result, busy),
+            crate::telemetry::outcome_of(&result, busy),
             start.elapsed(),
         );
         result
@@ -554,12 +554,12 @@ pub(crate) async fn acquire_one(
 ) -> Result<Guard> {
     let start = Instant::now();
     let name = locker.shared.backend.name();
-    let waiting = crate::metrics::Waiting::new(name);
+    let waiting = crate::telemetry::Waiting::new(name);
     let result = acquire_waiting(locker, req, opts, start).await;
     drop(waiting);
-    crate::metrics::acquire(
+    crate::telemetry::acquire(
         name,
-        crate::metrics::outcome_of(&result, false),
+        crate::telemetry::outcome_of(&result, false),
         start.elapsed(),
     );
     result

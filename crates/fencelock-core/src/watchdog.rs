@@ -256,7 +256,7 @@ async fn renew_batch(backend: &Arc<dyn Backend>, watchdog: &Watchdog, batch: Bat
         Ok(renewals) => renewals,
         Err(msg) => {
             tracing::debug!(backend = backend.name(), error = %msg, "renewal failed; retrying until the deadline");
-            crate::metrics::renewals(backend.name(), "failed", ids.len() as u64);
+            crate::telemetry::renewals(backend.name(), "failed", ids.len() as u64);
             for id in &ids {
                 if let Some(e) = s.entries.get_mut(id) {
                     failed(e, msg.clone());
@@ -271,7 +271,7 @@ async fn renew_batch(backend: &Arc<dyn Backend>, watchdog: &Watchdog, batch: Bat
             Renewal::Lost { .. } => "lost",
             _ => "unknown",
         };
-        crate::metrics::renewals(backend.name(), outcome, 1);
+        crate::telemetry::renewals(backend.name(), outcome, 1);
     }
     for (id, renewal) in ids.iter().zip(renewals) {
         // Released while the renewal was in flight: nothing to update.

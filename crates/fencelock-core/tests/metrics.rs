@@ -125,14 +125,24 @@ async fn a_known_sequence_records_what_happened() {
         .expect("the lease was never reported lost");
     drop(lost);
 
+    // A fixed lease that ran out unnoticed, then released: lost, not released.
+    let fixed = a
+        .lock("f")
+        .lease(Duration::from_secs(1))
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let _ = fixed.release().await;
+
     r.take(&snapshotter);
     let wait = "fencelock_acquire_wait_seconds";
-    // k (a), k (b, after), h (first), h (waiter), l.
-    assert_eq!(r.samples(wait, &[m[0], ("outcome", "granted")]), 5);
+    // k (a), k (b, after), h (first), h (waiter), l, f.
+    assert_eq!(r.samples(wait, &[m[0], ("outcome", "granted")]), 6);
     assert_eq!(r.samples(wait, &[m[0], ("outcome", "busy")]), 1);
     assert_eq!(r.samples(wait, &[m[0], ("outcome", "timeout")]), 1);
     assert_eq!(r.samples(wait, &[m[0], ("outcome", "error")]), 0);
-    assert_eq!(r.samples("fencelock_hold_seconds", &m), 5);
+    assert_eq!(r.samples("fencelock_hold_seconds", &m), 6);
     assert_eq!(r.counter("fencelock_handoffs_total", &m), 1);
     assert_eq!(
         r.counter(
@@ -141,13 +151,13 @@ async fn a_known_sequence_records_what_happened() {
         ),
         1
     );
-    // Released and dropped guards are not lost leases.
+    // Released and dropped guards are not lost leases; the fixed lease is.
     assert_eq!(
         r.counter(
             "fencelock_leases_lost_total",
             &[m[0], ("reason", "expired")]
         ),
-        0
+        1
     );
     assert_eq!(
         r.counter("fencelock_renewals_total", &[m[0], ("outcome", "lost")]),

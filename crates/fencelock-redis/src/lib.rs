@@ -73,8 +73,8 @@
 //!   be reached for the undo, the hold expires after its TTL.)
 //!
 //! The marks that make scripts act once cost one short-lived key per release
-//! (about 80 bytes, kept for six response timeouts,
-//! 30 s by default).
+//! (about 80 bytes, kept for six response timeouts plus 10 s,
+//! 40 s by default).
 //!
 //! # Waiting
 //!

@@ -143,9 +143,7 @@ impl Node {
             subs,
             address,
             prefix: options.prefix.clone(),
-            // One call's sends span at most `patience` (one response timeout)
-            // and then redis-rs's own four sends of up to a timeout each.
-            mark_ms: (options.response_timeout * 6).as_millis() as u64,
+            mark_ms: mark_lifetime(options.response_timeout).as_millis() as u64,
             patience: options.response_timeout,
             ops: OpIds::new(),
         })
@@ -200,6 +198,14 @@ impl Node {
             queue_lapse: format!("{hash}:qe"),
             hash,
         }
+    }
+
+    /// Sends again for no longer than `patience` (Redlock: its rounds are
+    /// bounded by the instance timeout, and an instance that does not answer
+    /// must count as failed, not slow).
+    pub(crate) fn with_patience(mut self, patience: Duration) -> Node {
+        self.patience = patience;
+        self
     }
 
     pub(crate) fn err(&self, e: redis::RedisError) -> Error {
@@ -507,6 +513,16 @@ impl Node {
         keys.dedup();
         Ok(keys)
     }
+}
+
+/// How long an op's mark is kept, for `response_timeout` T: longer than one
+/// call can go on sending. `Node::resend` starts sends for up to T; the last
+/// one's redis-rs cluster client may then send four times, each waiting up
+/// to T, with up to three waits of its own between (1.28 s each, its
+/// minimum retry wait): at most 5 T + 3.9 s after the first send. Six T
+/// plus 10 s covers that for any T.
+fn mark_lifetime(response_timeout: Duration) -> Duration {
+    response_timeout * 6 + Duration::from_secs(10)
 }
 
 /// Connection trouble, after which a request may or may not have run, or a

@@ -50,11 +50,12 @@
 //!   it arrive after its undo, grants nothing, and a release, hands nothing
 //!   over.
 //!
-//! The marks live for six response timeouts (30 s by default), longer than one
-//! call can go on sending: fencelock sends a release, an undo or a forced
-//! release again for up to one response timeout after the first send, and
-//! redis-rs's cluster client sends each of those up to four times, each
-//! waiting up to one timeout for its reply.
+//! The marks live for six response timeouts plus 10 s (40 s by default),
+//! longer than one call can go on sending: fencelock sends a release, an undo
+//! or a forced release again for up to one response timeout after the first
+//! send, and redis-rs's cluster client sends each of those up to four times,
+//! each waiting up to one timeout for its reply, with up to three retry waits
+//! of 1.28 s between (`node::mark_lifetime`).
 //!
 //! # The queue
 //!

@@ -91,7 +91,9 @@ impl Locker {
         Ok(Locker { inner, rt })
     }
 
-    /// A locker on an already built backend.
+    /// A locker on an already built backend. A backend that keeps tasks of
+    /// its own (a network client) must have been built on a runtime that
+    /// outlives this locker; [`Locker::connect`] builds it on the locker's.
     ///
     /// # Errors
     ///
@@ -128,7 +130,8 @@ impl Locker {
         self.rt.block_on(self.inner.inspect(key))
     }
 
-    /// The async locker underneath.
+    /// The async locker underneath. Use it on this locker's runtime only
+    /// (the watchdog starts on the runtime of the first call).
     pub fn as_async(&self) -> &fencelock_core::Locker {
         &self.inner
     }
@@ -220,8 +223,8 @@ impl LockBuilder {
 ///
 /// Dropping it releases the hold: outside an async runtime the drop waits
 /// for the backend's answer (up to 5 s; a release that does not answer by
-/// then leaves the hold to expire after its TTL); inside one it queues the
-/// release, as the async guard does.
+/// then leaves the hold to expire after its TTL); inside one a thread of its
+/// own does that, so the drop does not block.
 #[must_use = "the lock is released as soon as the guard is dropped"]
 pub struct Guard {
     inner: Option<fencelock_core::Guard>,
@@ -286,16 +289,21 @@ impl Drop for Guard {
         let Some(guard) = self.inner.take() else {
             return;
         };
+        // (The timer is made inside the runtime: tokio's timers need one.)
+        let release = |rt: &Rt| {
+            let _ =
+                rt.block_on(async { tokio::time::timeout(DROP_RELEASE, guard.release()).await });
+        };
         if tokio::runtime::Handle::try_current().is_ok() {
-            // Inside a runtime: blocking here would stall it; the locker's
-            // task performs the release.
-            drop(guard);
+            // Inside a runtime, blocking would stall it: a thread of its own
+            // releases, and keeps the locker's runtime alive until then (had
+            // the guard only queued its release, dropping the last handle on
+            // the runtime would cut it).
+            let rt = self.rt.clone();
+            std::thread::spawn(move || release(&rt));
             return;
         }
-        // (The timer is made inside the runtime: tokio's timers need one.)
-        let _ = self
-            .rt
-            .block_on(async { tokio::time::timeout(DROP_RELEASE, guard.release()).await });
+        release(&self.rt);
     }
 }
 

@@ -79,7 +79,7 @@ async fn hand_off(
         Err(e) => (Err(e), None),
     };
     if offer.complete(grant) {
-        crate::metrics::handoff(backend.name());
+        crate::telemetry::handoff(backend.name());
         line_hold.hand_on();
     }
     result

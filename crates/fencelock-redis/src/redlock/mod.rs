@@ -130,6 +130,11 @@ use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
 use crate::node::{Attempt, Node, Op, OpIds};
+
+/// How long a Redlock instance's release or undo is sent again on
+/// connection trouble: within its round's instance timeout, so that an
+/// instance out of reach counts as failed, not slow.
+const REDLOCK_RESEND: Duration = Duration::from_millis(200);
 use crate::options::{RedisOptions, Target};
 use crate::subs::Watch;
 
@@ -329,9 +334,11 @@ impl Inner {
                 Answer::Failed(e)
             };
         }
-        let open = inst
-            .node
-            .get_or_try_init(|| Node::open(&inst.url, &inst.target, &self.options));
+        let open = inst.node.get_or_try_init(|| async {
+            // Releases and undos: three sends at most, 50 and 100 ms apart.
+            let node = Node::open(&inst.url, &inst.target, &self.options).await?;
+            Ok::<_, Error>(node.with_patience(REDLOCK_RESEND))
+        });
         let answer = match tokio::time::timeout(timeout, open).await {
             Ok(Ok(node)) => match tokio::time::timeout(timeout, f(node)).await {
                 Ok(Ok(v)) => Answer::Ok(v),

@@ -1,5 +1,7 @@
 //! Metrics, through the [`metrics`](https://docs.rs/metrics) facade (cargo
-//! feature `metrics`; `metrics` of the `fencelock` crate). fencelock records;
+//! feature `metrics`; `metrics` of the `fencelock` crate). (The module is
+//! not called `metrics`, so that `use fencelock::*` leaves that name to the
+//! facade crate.) fencelock records;
 //! the program installs the recorder (an exporter) it wants. Without the
 //! feature, or without a recorder, recording costs nothing worth measuring.
 //!
