@@ -34,6 +34,8 @@ pub struct RunResult {
     pub expected_counter: u64,
     pub errors: Vec<String>,
     pub latency_kind: &'static str,
+    /// Fields of the scenario's own (`held`), added to the JSON line.
+    pub extra: Option<serde_json::Value>,
 }
 
 impl RunResult {
@@ -76,11 +78,16 @@ impl RunResult {
         if !self.errors.is_empty() {
             v["errors"] = json!(self.errors.iter().take(5).collect::<Vec<_>>());
         }
+        if let Some(serde_json::Value::Object(extra)) = &self.extra {
+            for (k, x) in extra {
+                v[k] = x.clone();
+            }
+        }
         v
     }
 }
 
-fn percentile_ms(sorted: &[Duration], q: f64) -> f64 {
+pub(crate) fn percentile_ms(sorted: &[Duration], q: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
@@ -88,7 +95,7 @@ fn percentile_ms(sorted: &[Duration], q: f64) -> f64 {
     sorted[rank - 1].as_secs_f64() * 1e3
 }
 
-fn progress(total: u64, label: String) -> ProgressBar {
+pub(crate) fn progress(total: u64, label: String) -> ProgressBar {
     let pb = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
     if let Ok(style) =
         ProgressStyle::with_template("{prefix:>28} {bar:30} {pos}/{len} {per_sec:>12} eta {eta}")
@@ -301,6 +308,7 @@ async fn run_one(
         expected_counter: cycles,
         errors: samples.errors,
         latency_kind: kind,
+        extra: None,
     }
 }
 
@@ -357,6 +365,7 @@ pub async fn bench(args: BenchArgs) -> u8 {
         Scenario::Uncontended => &[Scenario::Uncontended],
         Scenario::Contended => &[Scenario::Contended],
         Scenario::Handoff => &[Scenario::Handoff],
+        Scenario::Held => &[Scenario::Held],
     };
     let run_id = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
     let mut results = Vec::new();
@@ -366,14 +375,36 @@ pub async fn bench(args: BenchArgs) -> u8 {
             Err(e) => return exit::report(&e),
         };
         for &s in scenarios {
-            let r = run_one(&locker, url, s, &args, &run_id).await;
+            let r = if s == Scenario::Held {
+                match crate::bench_held::run(url, &args, &run_id).await {
+                    Ok(r) => r,
+                    Err(e) => return exit::report(&e),
+                }
+            } else {
+                run_one(&locker, url, s, &args, &run_id).await
+            };
             if args.json {
                 println!("{}", r.to_json());
             }
             results.push(r);
         }
     }
-    let t = table(&results);
+    let mut t = table(&results);
+    for r in results.iter().filter(|r| r.scenario == "held") {
+        if let Some(x) = &r.extra {
+            t.push_str(&format!(
+                "{} held: {} locks through {} renewal ticks: {} renew calls per tick ({} per 100 locks), {} ms per tick, {} bytes of RSS per lock, {} lost\n",
+                r.backend,
+                x["locks"],
+                x["renew_ticks"],
+                x["renew_calls_per_tick"],
+                x["renew_calls_per_100_locks_per_tick"],
+                x["renew_ms_per_tick"],
+                x["rss_bytes_per_lock"],
+                x["lost"]
+            ));
+        }
+    }
     if args.json {
         eprint!("{t}");
     } else {

@@ -128,6 +128,8 @@ pub enum Scenario {
     Uncontended,
     Contended,
     Handoff,
+    /// --locks keys held on one Locker through several renewal periods (not in `all`).
+    Held,
     All,
 }
 
@@ -150,6 +152,9 @@ pub struct BenchArgs {
     /// Cycles per run (default: 5000 uncontended, 2000 contended, 1000 handoff).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub cycles: Option<u64>,
+    /// Keys of the held scenario.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub locks: u64,
     /// Print one JSON line per run on stdout (the table goes to stderr).
     #[arg(long)]
     pub json: bool,
@@ -334,6 +339,7 @@ Examples:
   fencelock bench --scenario all
   fencelock bench --backend memory:// --backend sqlite:///tmp/b.db --json --plot bench.svg
   fencelock bench --scenario contended --workers 32 --cycles 2000
+  fencelock bench --scenario held --locks 10000   # renewal cost and memory of 10,000 held locks
   fencelock bench --backend redis://127.0.0.1:6379 --scenario contended --processes 4 --workers 32
 
 JSON line: {\"system\",\"backend\",\"scenario\",\"workers\",\"ops\",\"secs\",\"ops_per_sec\",

@@ -1,6 +1,7 @@
 //! The `fencelock` command: `run`, `demo`, `bench`, `torture`, `status`, `list`.
 
 mod bench;
+mod bench_held;
 mod bench_procs;
 mod cli;
 mod demo;
