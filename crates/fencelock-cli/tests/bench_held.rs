@@ -15,11 +15,17 @@ fn held_locks_are_renewed_and_reported() {
         serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
     assert_eq!(line["scenario"], "held", "{line}");
     assert_eq!(line["ops"], 200, "{line}");
-    assert_eq!(line["final_counter"], 200, "every lock held to the end: {line}");
+    assert_eq!(
+        line["final_counter"], 200,
+        "every lock held to the end: {line}"
+    );
     assert_eq!(line["lost"], 0, "{line}");
     assert_eq!(line["correct"], true, "{line}");
     // Held through several renewal periods, one batched call per tick.
     assert!(line["renew_ticks"].as_f64().unwrap() >= 2.0, "{line}");
-    assert!(line["renew_calls_per_tick"].as_f64().unwrap() >= 1.0, "{line}");
+    assert!(
+        line["renew_calls_per_tick"].as_f64().unwrap() >= 1.0,
+        "{line}"
+    );
     assert!(line["rss_bytes_per_lock"].is_u64(), "{line}");
 }

@@ -405,6 +405,11 @@ async fn janitor(inner: Weak<Inner>) {
     }
 }
 
+/// The most operations etcd takes in one transaction (its `--max-txn-ops`
+/// default; a server set lower refuses the renewals of a client holding more
+/// locks than that).
+const MAX_TXN_OPS: usize = 128;
+
 #[async_trait]
 impl Backend for EtcdBackend {
     fn name(&self) -> &'static str {
@@ -545,24 +550,24 @@ impl Backend for EtcdBackend {
             .flatten()
             .map(|(node, _, _)| TxnOp::get(node.as_str(), Some(GetOptions::new().with_keys_only())))
             .collect();
-        let mut found = Vec::new();
-        if !gets.is_empty() {
-            let txn = Txn::new().and_then(gets);
-            let resp = inner
-                .call(|mut c| {
-                    let t = txn.clone();
-                    async move { c.txn(t).await }
-                })
-                .await?;
-            found = resp
-                .op_responses()
-                .into_iter()
-                .map(|r| match r {
-                    TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.create_revision()),
-                    _ => None,
-                })
-                .collect();
-        }
+        // etcd refuses a transaction of more than `--max-txn-ops` operations:
+        // one transaction per `MAX_TXN_OPS` keys, sent together.
+        let answers = futures::future::try_join_all(gets.chunks(MAX_TXN_OPS).map(|chunk| {
+            let txn = Txn::new().and_then(chunk.to_vec());
+            inner.call(move |mut c| {
+                let t = txn.clone();
+                async move { c.txn(t).await }
+            })
+        }))
+        .await?;
+        let found: Vec<Option<i64>> = answers
+            .into_iter()
+            .flat_map(|resp| resp.op_responses())
+            .map(|r| match r {
+                TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.create_revision()),
+                _ => None,
+            })
+            .collect();
         let mut found = found.into_iter();
         let mut out = Vec::with_capacity(leases.len());
         let mut holds = lock(&inner.holds);
