@@ -162,40 +162,68 @@ async fn attempt_once(db: &Db, req: &Request) -> Result<std::result::Result<(u64
     Ok(outcome)
 }
 
+/// Leases renewed per statement: two statements per this many leases.
+const RENEW_CHUNK: usize = 100;
+
 pub(crate) async fn renew(db: &Db, leases: &[LeaseRef]) -> Result<Vec<Renewal>> {
     let mut tx = db.pool.begin().await.map_err(db.err())?;
-    for l in leases {
-        sqlx::query(
-            "UPDATE fencelock_locks SET expires_at = GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND)
-             WHERE lock_key = ? AND owner = ? AND owner <> '' AND expires_at > NOW(6)",
-        )
-        .bind(micros(l.ttl))
-        .bind(l.key.as_str().as_bytes())
-        .bind(l.owner.as_str().as_bytes())
-        .execute(&mut *tx)
-        .await
-        .map_err(db.err())?;
-    }
-    let mut out = Vec::with_capacity(leases.len());
-    for l in leases {
-        // Renewed rows now expire a TTL from now at the earliest; expired ones were left alone.
-        let held: Option<i64> = sqlx::query_scalar(
-            "SELECT 1 FROM fencelock_locks WHERE lock_key = ? AND owner = ? AND owner <> '' AND expires_at > NOW(6)",
-        )
-        .bind(l.key.as_str().as_bytes())
-        .bind(l.owner.as_str().as_bytes())
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(db.err())?;
-        out.push(match held {
-            Some(_) => Renewal::Held { ttl: l.ttl },
-            None => Renewal::Lost {
-                reason: "no unexpired row for this owner in fencelock_locks".into(),
-            },
-        });
+    let mut held = std::collections::HashSet::new();
+    // Leases of one TTL, RENEW_CHUNK at a time: an UPDATE that extends the
+    // unexpired rows of their owners, then a SELECT of those still held.
+    let mut ttls: Vec<Duration> = leases.iter().map(|l| l.ttl).collect();
+    ttls.sort_unstable();
+    ttls.dedup();
+    for ttl in ttls {
+        let same: Vec<&LeaseRef> = leases.iter().filter(|l| l.ttl == ttl).collect();
+        for chunk in same.chunks(RENEW_CHUNK) {
+            let pairs = vec!["(?, ?)"; chunk.len()].join(", ");
+            let update = format!(
+                "UPDATE fencelock_locks SET expires_at = GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND)
+                 WHERE (lock_key, owner) IN ({pairs}) AND owner <> '' AND expires_at > NOW(6)"
+            );
+            // Only placeholders are formatted in: the values are bound.
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(update)).bind(micros(ttl));
+            for l in chunk {
+                q = q
+                    .bind(l.key.as_str().as_bytes())
+                    .bind(l.owner.as_str().as_bytes());
+            }
+            q.execute(&mut *tx).await.map_err(db.err())?;
+            // Renewed rows now expire a TTL from now at the earliest; expired ones were left alone.
+            let select = format!(
+                "SELECT lock_key, owner FROM fencelock_locks
+                 WHERE (lock_key, owner) IN ({pairs}) AND owner <> '' AND expires_at > NOW(6)"
+            );
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(select));
+            for l in chunk {
+                q = q
+                    .bind(l.key.as_str().as_bytes())
+                    .bind(l.owner.as_str().as_bytes());
+            }
+            for row in q.fetch_all(&mut *tx).await.map_err(db.err())? {
+                let key: Vec<u8> = row.try_get(0).map_err(db.err())?;
+                let owner: Vec<u8> = row.try_get(1).map_err(db.err())?;
+                held.insert((key, owner));
+            }
+        }
     }
     tx.commit().await.map_err(db.err())?;
-    Ok(out)
+    Ok(leases
+        .iter()
+        .map(|l| {
+            let id = (
+                l.key.as_str().as_bytes().to_vec(),
+                l.owner.as_str().as_bytes().to_vec(),
+            );
+            if held.contains(&id) {
+                Renewal::Held { ttl: l.ttl }
+            } else {
+                Renewal::Lost {
+                    reason: "no unexpired row for this owner in fencelock_locks".into(),
+                }
+            }
+        })
+        .collect())
 }
 
 pub(crate) async fn release(db: &Db, lease: &LeaseRef) -> Result<Released> {

@@ -54,3 +54,47 @@ async fn a_paused_lease_holder_loses_its_lock_and_its_stale_write() {
 async fn a_paused_get_lock_holder_loses_its_lock_and_its_stale_write() {
     faults::paused_holder_loses_its_lock_and_its_stale_write(&My, &shared("get_lock")).await;
 }
+
+/// Renewals go 100 leases to a statement, per TTL: one Locker holding 250
+/// locks of two TTLs keeps them all past their TTLs, and a hold an operator
+/// broke is reported lost, not renewed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_held_locks_of_two_ttls_are_renewed_and_a_broken_one_is_lost() {
+    use std::time::Duration;
+
+    let backend = fencelock_mysql::MySqlBackend::connect(&shared("lease"))
+        .await
+        .unwrap();
+    let locker = fencelock_core::Locker::new(backend.clone());
+    let base = fencelock_testkit::faults::unique_key("many");
+    let mut guards = Vec::new();
+    for i in 0..250u64 {
+        let ttl = Duration::from_secs(3 + i % 2);
+        let g = locker
+            .lock(format!("{base}/{i}"))
+            .ttl(ttl)
+            .acquire()
+            .await
+            .unwrap();
+        guards.push(g);
+    }
+    let broken = guards[137].key().clone();
+    backend.force_release(&broken).await.unwrap();
+    // Past both TTLs: only renewals keep them.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    for g in &guards {
+        if *g.key() == broken {
+            assert!(!g.is_valid(), "the broken hold was renewed");
+        } else {
+            assert!(
+                g.is_valid(),
+                "{} was lost: {:?}",
+                g.key(),
+                g.lease().lost_reason()
+            );
+        }
+    }
+    for g in guards {
+        let _ = g.release().await;
+    }
+}
