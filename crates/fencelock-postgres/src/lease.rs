@@ -180,9 +180,13 @@ pub(crate) async fn renew(db: &Db, leases: &[LeaseRef]) -> Result<Vec<Renewal>> 
     let renewed: Vec<(String, String)> = sqlx::query_as(
         // Durable like a grant (a renewal lost in a crash would let the row
         // expire before the holder's deadline): synchronous_commit pinned on.
+        // Leases of one owner on one key (a reentrant hold with its own TTL)
+        // share a row: it is extended by the longest of their TTLs (an
+        // `UPDATE … FROM` with two matching rows would use either).
         "WITH durable AS (SELECT set_config('synchronous_commit', 'on', true))
          UPDATE fencelock_locks l SET expires_at = greatest(l.expires_at, now() + u.ttl * interval '1 millisecond')
-         FROM unnest($1::text[], $2::text[], $3::bigint[]) AS u(k, o, ttl), durable
+         FROM (SELECT k, o, max(ttl) AS ttl FROM unnest($1::text[], $2::text[], $3::bigint[]) AS x(k, o, ttl)
+               GROUP BY k, o) AS u, durable
          WHERE l.key = u.k AND l.owner = u.o AND u.o <> '' AND l.expires_at > now()
          RETURNING l.key, l.owner",
     )
@@ -192,13 +196,11 @@ pub(crate) async fn renew(db: &Db, leases: &[LeaseRef]) -> Result<Vec<Renewal>> 
     .fetch_all(&db.pool)
     .await
     .map_err(db.err())?;
+    let renewed: std::collections::HashSet<(String, String)> = renewed.into_iter().collect();
     Ok(leases
         .iter()
         .map(|l| {
-            if renewed
-                .iter()
-                .any(|(k, o)| k == l.key.as_str() && o == l.owner.as_str())
-            {
+            if renewed.contains(&(l.key.as_str().to_string(), l.owner.as_str().to_string())) {
                 Renewal::Held { ttl: l.ttl }
             } else {
                 Renewal::Lost {
