@@ -63,6 +63,15 @@ struct Holding {
     expires_at: Instant,
 }
 
+impl Holding {
+    /// Whether this is the hold `lease` was granted: the same owner name and
+    /// the same token (an owner whose hold was broken and who took the key
+    /// again holds a new grant, which the old lease must not touch).
+    fn is_grant_of(&self, lease: &LeaseRef) -> bool {
+        self.owner == lease.owner && lease.token.is_none_or(|t| t.get() == self.token)
+    }
+}
+
 impl Slot {
     /// Drops expired holders; returns whether any were dropped.
     fn purge(&mut self, now: Instant) -> bool {
@@ -171,7 +180,7 @@ impl MemoryBackend {
         let index = slot
             .holders
             .iter()
-            .position(|h| h.owner == lease.owner)
+            .position(|h| h.is_grant_of(lease))
             .ok_or_else(not_held)?;
         let h = &mut slot.holders[index];
         h.holds -= 1;
@@ -300,7 +309,7 @@ impl Backend for MemoryBackend {
                 let held = slots.get_mut(&lease.key).and_then(|slot| {
                     slot.holders
                         .iter_mut()
-                        .find(|h| h.owner == lease.owner && h.expires_at > now)
+                        .find(|h| h.is_grant_of(lease) && h.expires_at > now)
                 });
                 match held {
                     Some(h) => {

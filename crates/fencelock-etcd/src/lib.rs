@@ -177,6 +177,16 @@ struct Held {
     renewed_until: Instant,
 }
 
+impl Held {
+    /// Whether this is the hold `lease` was granted: the entry of its key and
+    /// owner holds that grant's token (an owner whose hold was broken and who
+    /// took the key again through this client holds a new grant, which the
+    /// old lease must not renew or release).
+    fn is_grant_of(&self, lease: &LeaseRef) -> bool {
+        lease.token.map(FencingToken::get) == u64::try_from(self.token).ok()
+    }
+}
+
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -530,7 +540,7 @@ impl Backend for EtcdBackend {
             let holds = lock(&inner.holds);
             leases
                 .iter()
-                .map(|l| match holds.get(&(l.key.clone(), l.owner.clone())) {
+                .map(|l| match holds.get(&(l.key.clone(), l.owner.clone())).filter(|h| h.is_grant_of(l)) {
                     None => Err(
                         "this client no longer holds it (released, or its TTL ran out unrenewed)",
                     ),
@@ -582,7 +592,7 @@ impl Backend for EtcdBackend {
                         });
                         continue;
                     };
-                    if let Some(h) = holds.get_mut(&id) {
+                    if let Some(h) = holds.get_mut(&id).filter(|h| h.is_grant_of(l)) {
                         h.renewed_until = start + h.ttl;
                         out.push(Renewal::Held {
                             ttl: h.ttl.min(left),
@@ -593,7 +603,9 @@ impl Backend for EtcdBackend {
                 }
                 Ok(_) => "its key is gone (deleted, or its lease expired)",
             };
-            if let Some(h) = holds.remove(&id) {
+            if holds.get(&id).is_some_and(|h| h.is_grant_of(l))
+                && let Some(h) = holds.remove(&id)
+            {
                 lock(&inner.orphans).push(h.node);
             }
             out.push(Renewal::Lost {
@@ -612,7 +624,10 @@ impl Backend for EtcdBackend {
         };
         let (node, token) = {
             let mut holds = lock(&inner.holds);
-            let h = holds.get_mut(&id).ok_or_else(not_held)?;
+            let h = holds
+                .get_mut(&id)
+                .filter(|h| h.is_grant_of(lease))
+                .ok_or_else(not_held)?;
             if h.holds > 1 {
                 h.holds -= 1;
                 return Ok(Released::new(h.holds));

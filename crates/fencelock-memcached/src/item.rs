@@ -1,6 +1,9 @@
 //! How a lock is kept in memcached: the item name of a key, and the value of
-//! a held item (`fencelock1 <holds> <expiry secs>`, the owner and the key, one
-//! per line; neither may contain a control character).
+//! a held item (`fencelock1 <holds> <expiry secs> <grant>`, the owner and the
+//! key, one per line; neither may contain a control character). `<grant>` is
+//! a random id made when the item is added: an owner whose hold was broken
+//! and who took the key again holds a new grant, which a lease of the old one
+//! must not renew or release.
 
 use sha2::{Digest, Sha256};
 
@@ -31,13 +34,15 @@ pub(crate) struct Holder {
     pub(crate) owner: String,
     /// The lock's key (the item name may be its hash).
     pub(crate) key: String,
+    /// The grant's random id (empty in an item an older version wrote).
+    pub(crate) grant: String,
 }
 
 impl Holder {
     pub(crate) fn encode(&self) -> String {
         format!(
-            "fencelock1 {} {}\n{}\n{}",
-            self.holds, self.secs, self.owner, self.key
+            "fencelock1 {} {} {}\n{}\n{}",
+            self.holds, self.secs, self.grant, self.owner, self.key
         )
     }
 
@@ -46,13 +51,29 @@ impl Holder {
         let text = std::str::from_utf8(data).ok()?;
         let mut lines = text.strip_prefix("fencelock1 ")?.split('\n');
         let (head, owner, key) = (lines.next()?, lines.next()?, lines.next()?);
-        let (holds, secs) = head.split_once(' ').unwrap_or((head, "0"));
+        let mut head = head.split(' ');
+        let holds = head.next()?.parse().ok()?;
+        let secs = head.next().unwrap_or("0").parse().ok()?;
+        let grant = head.next().unwrap_or("").to_string();
         Some(Holder {
-            holds: holds.parse().ok()?,
-            secs: secs.parse().ok()?,
+            holds,
+            secs,
             owner: owner.to_string(),
             key: key.to_string(),
+            grant,
         })
+    }
+
+    /// A new grant's random id.
+    pub(crate) fn new_grant() -> String {
+        uuid::Uuid::new_v4().simple().to_string()
+    }
+
+    /// Whether this is the holder a lease of `owner` with grant id `grant`
+    /// was given (an item an older version wrote has no id: its owner's
+    /// name decides).
+    pub(crate) fn is_grant(&self, owner: &str, grant: &str) -> bool {
+        self.owner == owner && (self.grant.is_empty() || self.grant == grant)
     }
 
     /// The same holder with `holds` holds.
@@ -94,8 +115,14 @@ mod tests {
             secs: 31,
             owner: "o w n e r".into(),
             key: "k e y".into(),
+            grant: Holder::new_grant(),
         };
-        assert_eq!(Holder::decode(h.encode().as_bytes()), Some(h));
+        assert_eq!(Holder::decode(h.encode().as_bytes()), Some(h.clone()));
+        // An older version's item: no grant id.
+        let old = Holder::decode(b"fencelock1 3 31\no w n e r\nk e y").unwrap();
+        assert_eq!(old.grant, "");
+        assert!(old.is_grant(&h.owner, &h.grant) && h.is_grant(&h.owner, &h.grant));
+        assert!(!h.is_grant(&h.owner, "another grant") && !h.is_grant("other", &h.grant));
         assert_eq!(Holder::decode(b"something else"), None);
     }
 }

@@ -169,41 +169,46 @@ pub(crate) async fn renew(db: &Db, leases: &[LeaseRef]) -> Result<Vec<Renewal>> 
     let mut tx = db.pool.begin().await.map_err(db.err())?;
     let mut held = std::collections::HashSet::new();
     // Leases of one TTL, RENEW_CHUNK at a time: an UPDATE that extends the
-    // unexpired rows of their owners, then a SELECT of those still held.
+    // unexpired rows of their grants (key, owner and token: an owner whose
+    // hold was broken may hold the key again, anew), then a SELECT of those
+    // still held.
     let mut ttls: Vec<Duration> = leases.iter().map(|l| l.ttl).collect();
     ttls.sort_unstable();
     ttls.dedup();
     for ttl in ttls {
         let same: Vec<&LeaseRef> = leases.iter().filter(|l| l.ttl == ttl).collect();
         for chunk in same.chunks(RENEW_CHUNK) {
-            let pairs = vec!["(?, ?)"; chunk.len()].join(", ");
+            let grants = vec!["(?, ?, ?)"; chunk.len()].join(", ");
             let update = format!(
                 "UPDATE fencelock_locks SET expires_at = GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND)
-                 WHERE (lock_key, owner) IN ({pairs}) AND owner <> '' AND expires_at > NOW(6)"
+                 WHERE (lock_key, owner, fence) IN ({grants}) AND owner <> '' AND expires_at > NOW(6)"
             );
             // Only placeholders are formatted in: the values are bound.
             let mut q = sqlx::query(sqlx::AssertSqlSafe(update)).bind(micros(ttl));
             for l in chunk {
                 q = q
                     .bind(l.key.as_str().as_bytes())
-                    .bind(l.owner.as_str().as_bytes());
+                    .bind(l.owner.as_str().as_bytes())
+                    .bind(fence_of(l));
             }
             q.execute(&mut *tx).await.map_err(db.err())?;
             // Renewed rows now expire a TTL from now at the earliest; expired ones were left alone.
             let select = format!(
-                "SELECT lock_key, owner FROM fencelock_locks
-                 WHERE (lock_key, owner) IN ({pairs}) AND owner <> '' AND expires_at > NOW(6)"
+                "SELECT lock_key, owner, fence FROM fencelock_locks
+                 WHERE (lock_key, owner, fence) IN ({grants}) AND owner <> '' AND expires_at > NOW(6)"
             );
             let mut q = sqlx::query(sqlx::AssertSqlSafe(select));
             for l in chunk {
                 q = q
                     .bind(l.key.as_str().as_bytes())
-                    .bind(l.owner.as_str().as_bytes());
+                    .bind(l.owner.as_str().as_bytes())
+                    .bind(fence_of(l));
             }
             for row in q.fetch_all(&mut *tx).await.map_err(db.err())? {
                 let key: Vec<u8> = row.try_get(0).map_err(db.err())?;
                 let owner: Vec<u8> = row.try_get(1).map_err(db.err())?;
-                held.insert((key, owner));
+                let fence: i64 = row.try_get(2).map_err(db.err())?;
+                held.insert((key, owner, Some(fence)));
             }
         }
     }
@@ -214,12 +219,13 @@ pub(crate) async fn renew(db: &Db, leases: &[LeaseRef]) -> Result<Vec<Renewal>> 
             let id = (
                 l.key.as_str().as_bytes().to_vec(),
                 l.owner.as_str().as_bytes().to_vec(),
+                fence_of(l),
             );
             if held.contains(&id) {
                 Renewal::Held { ttl: l.ttl }
             } else {
                 Renewal::Lost {
-                    reason: "no unexpired row for this owner in fencelock_locks".into(),
+                    reason: "no unexpired row for this grant in fencelock_locks".into(),
                 }
             }
         })
@@ -233,10 +239,11 @@ pub(crate) async fn release(db: &Db, lease: &LeaseRef) -> Result<Released> {
     );
     let gone = sqlx::query(
         "DELETE FROM fencelock_locks
-         WHERE lock_key = ? AND owner = ? AND owner <> '' AND holds <= 1 AND expires_at > NOW(6)",
+         WHERE lock_key = ? AND owner = ? AND fence = ? AND owner <> '' AND holds <= 1 AND expires_at > NOW(6)",
     )
     .bind(key)
     .bind(owner)
+    .bind(fence_of(lease))
     .execute(&db.pool)
     .await
     .map_err(db.err())?;
@@ -246,10 +253,11 @@ pub(crate) async fn release(db: &Db, lease: &LeaseRef) -> Result<Released> {
     // A reentrant hold: one fewer; LAST_INSERT_ID(expr) hands back the count left.
     let fewer = sqlx::query(
         "UPDATE fencelock_locks SET holds = LAST_INSERT_ID(holds - 1)
-         WHERE lock_key = ? AND owner = ? AND owner <> '' AND holds > 1 AND expires_at > NOW(6)",
+         WHERE lock_key = ? AND owner = ? AND fence = ? AND owner <> '' AND holds > 1 AND expires_at > NOW(6)",
     )
     .bind(key)
     .bind(owner)
+    .bind(fence_of(lease))
     .execute(&db.pool)
     .await
     .map_err(db.err())?;
@@ -260,6 +268,12 @@ pub(crate) async fn release(db: &Db, lease: &LeaseRef) -> Result<Released> {
         key: lease.key.to_string(),
         owner: lease.owner.to_string(),
     })
+}
+
+/// The token of `lease` as the fence column stores it (`NULL`, matching no
+/// row, if it has none).
+fn fence_of(lease: &LeaseRef) -> Option<i64> {
+    lease.token.and_then(|t| i64::try_from(t.get()).ok())
 }
 
 pub(crate) async fn force_release(db: &Db, key: &Key) -> Result<()> {

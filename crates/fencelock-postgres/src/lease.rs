@@ -82,12 +82,14 @@ const SCHEMA: &[&str] = &[
         RETURN QUERY SELECT true, f, 1, 0::bigint;
     END
     $fl$",
-    // Gives one hold back: the holds left, or -1 if `o` holds no live row.
+    // Gives one hold back: the holds left, or -1 if `o` holds no live row
+    // with token `t` (an owner whose hold was broken may hold the key again,
+    // anew: that grant is not this one's).
     // `notify`: announce a free lock to waiters (not when handing it over).
     // A plain release commits without waiting for the WAL flush: if a crash
     // loses it, the row comes back and expires after its TTL — later than
     // asked, never two holders. Grants and renewals stay synchronous.
-    r"CREATE OR REPLACE FUNCTION fencelock_release(k text, o text, notify boolean) RETURNS integer
+    r"CREATE OR REPLACE FUNCTION fencelock_release(k text, o text, t bigint, notify boolean) RETURNS integer
     LANGUAGE plpgsql AS $fl$
     DECLARE
         c integer;
@@ -96,7 +98,7 @@ const SCHEMA: &[&str] = &[
         -- a key's rows in that order, so none deadlocks with another.
         PERFORM 1 FROM fencelock_locks l WHERE l.key = k AND l.owner = '' FOR UPDATE;
         SELECT l.holds INTO c FROM fencelock_locks l
-            WHERE l.key = k AND l.owner = o AND o <> '' AND l.expires_at > now() FOR UPDATE;
+            WHERE l.key = k AND l.owner = o AND l.fence = t AND o <> '' AND l.expires_at > now() FOR UPDATE;
         IF NOT FOUND THEN
             RETURN -1;
         END IF;
@@ -114,14 +116,14 @@ const SCHEMA: &[&str] = &[
     $fl$",
     // Release by `o` and, if that frees the lock, acquire for `n` in the same
     // transaction: nobody can slip in between.
-    r"CREATE OR REPLACE FUNCTION fencelock_handoff(k text, o text, n text, m text, ttl_ms bigint, reent boolean, permits integer)
+    r"CREATE OR REPLACE FUNCTION fencelock_handoff(k text, o text, t bigint, n text, m text, ttl_ms bigint, reent boolean, permits integer)
     RETURNS TABLE (lft integer, ok boolean, tok bigint, cnt integer)
     LANGUAGE plpgsql AS $fl$
     DECLARE
         c integer;
         a record;
     BEGIN
-        c := fencelock_release(k, o, false);
+        c := fencelock_release(k, o, t, false);
         IF c <> 0 THEN
             RETURN QUERY SELECT c, false, 0::bigint, 0;
             RETURN;
@@ -176,35 +178,48 @@ pub(crate) async fn attempt(
 pub(crate) async fn renew(db: &Db, leases: &[LeaseRef]) -> Result<Vec<Renewal>> {
     let keys: Vec<&str> = leases.iter().map(|l| l.key.as_str()).collect();
     let owners: Vec<&str> = leases.iter().map(|l| l.owner.as_str()).collect();
+    let tokens: Vec<Option<i64>> = leases.iter().map(fence_of).collect();
     let ttls: Vec<i64> = leases.iter().map(|l| l.ttl.as_millis() as i64).collect();
-    let renewed: Vec<(String, String)> = sqlx::query_as(
+    let renewed: Vec<(String, String, i64)> = sqlx::query_as(
         // Durable like a grant (a renewal lost in a crash would let the row
         // expire before the holder's deadline): synchronous_commit pinned on.
-        // Leases of one owner on one key (a reentrant hold with its own TTL)
-        // share a row: it is extended by the longest of their TTLs (an
-        // `UPDATE … FROM` with two matching rows would use either).
+        // A lease's row is its grant's: key, owner and token (an owner whose
+        // hold was broken may hold the key again, anew). Leases of one grant
+        // (a reentrant hold with its own TTL) share a row: it is extended by
+        // the longest of their TTLs (an `UPDATE … FROM` with two matching
+        // rows would use either).
         "WITH durable AS (SELECT set_config('synchronous_commit', 'on', true))
          UPDATE fencelock_locks l SET expires_at = greatest(l.expires_at, now() + u.ttl * interval '1 millisecond')
-         FROM (SELECT k, o, max(ttl) AS ttl FROM unnest($1::text[], $2::text[], $3::bigint[]) AS x(k, o, ttl)
-               GROUP BY k, o) AS u, durable
-         WHERE l.key = u.k AND l.owner = u.o AND u.o <> '' AND l.expires_at > now()
-         RETURNING l.key, l.owner",
+         FROM (SELECT k, o, t, max(ttl) AS ttl
+               FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) AS x(k, o, t, ttl)
+               GROUP BY k, o, t) AS u, durable
+         WHERE l.key = u.k AND l.owner = u.o AND l.fence = u.t AND u.o <> '' AND l.expires_at > now()
+         RETURNING l.key, l.owner, l.fence",
     )
     .bind(&keys)
     .bind(&owners)
+    .bind(&tokens)
     .bind(&ttls)
     .fetch_all(&db.pool)
     .await
     .map_err(db.err())?;
-    let renewed: std::collections::HashSet<(String, String)> = renewed.into_iter().collect();
+    let renewed: std::collections::HashSet<(String, String, Option<i64>)> = renewed
+        .into_iter()
+        .map(|(k, o, t)| (k, o, Some(t)))
+        .collect();
     Ok(leases
         .iter()
         .map(|l| {
-            if renewed.contains(&(l.key.as_str().to_string(), l.owner.as_str().to_string())) {
+            let grant = (
+                l.key.as_str().to_string(),
+                l.owner.as_str().to_string(),
+                fence_of(l),
+            );
+            if renewed.contains(&grant) {
                 Renewal::Held { ttl: l.ttl }
             } else {
                 Renewal::Lost {
-                    reason: "no unexpired row for this owner in fencelock_locks".into(),
+                    reason: "no unexpired row for this grant in fencelock_locks".into(),
                 }
             }
         })
@@ -212,9 +227,10 @@ pub(crate) async fn renew(db: &Db, leases: &[LeaseRef]) -> Result<Vec<Renewal>> 
 }
 
 pub(crate) async fn release(db: &Db, lease: &LeaseRef) -> Result<Released> {
-    let left: i32 = sqlx::query_scalar("SELECT fencelock_release($1, $2, true)")
+    let left: i32 = sqlx::query_scalar("SELECT fencelock_release($1, $2, $3, true)")
         .bind(lease.key.as_str())
         .bind(lease.owner.as_str())
+        .bind(fence_of(lease))
         .fetch_one(&db.pool)
         .await
         .map_err(db.err())?;
@@ -234,10 +250,11 @@ pub(crate) async fn handoff(
     next: &Request,
 ) -> Result<(Released, Option<(u64, u32)>)> {
     let (left, ok, token, holds): (i32, bool, i64, i32) = sqlx::query_as(
-        "SELECT lft, ok, tok, cnt FROM fencelock_handoff($1, $2, $3, $4, $5, $6, $7)",
+        "SELECT lft, ok, tok, cnt FROM fencelock_handoff($1, $2, $3, $4, $5, $6, $7, $8)",
     )
     .bind(lease.key.as_str())
     .bind(lease.owner.as_str())
+    .bind(fence_of(lease))
     .bind(next.owner.as_str())
     .bind(next.mode.as_label())
     .bind(next.ttl.as_millis() as i64)
@@ -256,6 +273,12 @@ pub(crate) async fn handoff(
         Released::new(left as u32),
         ok.then_some((token as u64, holds as u32)),
     ))
+}
+
+/// The token of `lease` as the fence column stores it (`NULL`, matching no
+/// row, if it has none).
+fn fence_of(lease: &LeaseRef) -> Option<i64> {
+    lease.token.and_then(|t| i64::try_from(t.get()).ok())
 }
 
 fn permits(mode: Mode) -> i32 {

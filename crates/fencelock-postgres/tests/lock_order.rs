@@ -18,20 +18,22 @@ async fn a_handoff_and_an_acquire_at_the_releasers_expiry_do_not_deadlock() {
     let key = format!("lock-order/{}", now_nanos());
     let acquire = "SELECT ok FROM fencelock_acquire($1, $2, 'exclusive', $3, false, 0)";
     // The releaser holds for a second.
-    let ok: bool = sqlx::query_scalar(acquire)
-        .bind(&key)
-        .bind("releaser")
-        .bind(1000i64)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let (ok, token): (bool, i64) =
+        sqlx::query_as("SELECT ok, tok FROM fencelock_acquire($1, $2, 'exclusive', $3, false, 0)")
+            .bind(&key)
+            .bind("releaser")
+            .bind(1000i64)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     assert!(ok);
     // A handoff is a release and an acquire in one transaction
     // (fencelock_handoff); here its two halves, with a pause between them.
     let mut handoff = pool.begin().await.unwrap();
-    let left: i32 = sqlx::query_scalar("SELECT fencelock_release($1, $2, false)")
+    let left: i32 = sqlx::query_scalar("SELECT fencelock_release($1, $2, $3, false)")
         .bind(&key)
         .bind("releaser")
+        .bind(token)
         .fetch_one(&mut *handoff)
         .await
         .unwrap();

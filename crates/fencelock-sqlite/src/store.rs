@@ -564,8 +564,10 @@ pub(crate) fn renew(
     {
         let mut stmt = tx
             .prepare_cached(
+                // The row of this grant: the owner's name and its token (an
+                // owner whose hold was broken may hold the key again, anew).
                 "UPDATE fencelock_holders SET expires_at = MAX(expires_at, ?3)
-                 WHERE key = ?1 AND owner = ?2 AND expires_at > ?4",
+                 WHERE key = ?1 AND owner = ?2 AND expires_at > ?4 AND token = ?5",
             )
             .map_err(db_err)?;
         for lease in leases {
@@ -574,14 +576,15 @@ pub(crate) fn renew(
                     lease.key.as_str(),
                     lease.owner.as_str(),
                     now.saturating_add(ms(lease.ttl)),
-                    now
+                    now,
+                    token_of(lease)
                 ])
                 .map_err(db_err)?;
             out.push(if changed == 1 {
                 Renewal::Held { ttl: lease.ttl }
             } else {
                 Renewal::Lost {
-                    reason: "no unexpired holder row for this owner".into(),
+                    reason: "no unexpired holder row for this grant".into(),
                 }
             });
         }
@@ -606,8 +609,13 @@ pub(crate) fn release(
     let owner = lease.owner.as_str();
     purge(&tx, key, now)?;
     let holds: Option<i64> = tx
-        .prepare_cached("SELECT holds FROM fencelock_holders WHERE key = ?1 AND owner = ?2")
-        .and_then(|mut s| s.query_row(params![key, owner], |r| r.get(0)).optional())
+        .prepare_cached(
+            "SELECT holds FROM fencelock_holders WHERE key = ?1 AND owner = ?2 AND token = ?3",
+        )
+        .and_then(|mut s| {
+            s.query_row(params![key, owner, token_of(lease)], |r| r.get(0))
+                .optional()
+        })
         .map_err(db_err)?;
     let Some(holds) = holds else {
         return Err(Error::NotHeld {
@@ -632,6 +640,11 @@ pub(crate) fn release(
         Released::new(u32::try_from(holds - 1).unwrap_or(0)),
         handed.map(|(t, h)| (t, h, began)),
     ))
+}
+
+/// The token of `lease` as stored (`NULL`, matching no row, if it has none).
+fn token_of(lease: &LeaseRef) -> Option<i64> {
+    lease.token.and_then(|t| i64::try_from(t.get()).ok())
 }
 
 pub(crate) fn force_release(conn: &mut Connection, key: &Key) -> Result<()> {

@@ -78,6 +78,7 @@ macro_rules! conformance_tests {
             fixed_lease_expires_and_fires_lost
             max_hold_stops_renewal
             lost_fires_when_lease_is_stolen
+            a_stale_guard_of_the_same_owner_leaves_the_new_hold_alone
             lost_fires_when_renewal_fails
             non_owner_release_is_not_held
             run_cancels_closure_on_lost

@@ -173,6 +173,16 @@ struct Held {
     renewed_until: Instant,
 }
 
+impl Held {
+    /// Whether this is the hold `lease` was granted: the entry of its key and
+    /// owner holds that grant's token (an owner whose hold was broken and who
+    /// took the key again through this client holds a new grant, which the
+    /// old lease must not renew or release).
+    fn is_grant_of(&self, lease: &LeaseRef) -> bool {
+        lease.token.map(FencingToken::get) == Some(self.token)
+    }
+}
+
 fn zk_err(e: zk::Error, addr: &str) -> Error {
     let err = match &e {
         zk::Error::ConnectionLoss
@@ -482,6 +492,7 @@ impl Backend for ZooKeeperBackend {
                 .map(|l| {
                     holds
                         .get(&(l.key.clone(), l.owner.clone()))
+                        .filter(|h| h.is_grant_of(l))
                         .map(|h| (h.node.clone(), h.session.clone()))
                 })
                 .collect()
@@ -531,7 +542,10 @@ impl Backend for ZooKeeperBackend {
                 key: lease.key.to_string(),
                 owner: lease.owner.to_string(),
             };
-            let h = holds.get_mut(&id).ok_or_else(not_held)?;
+            let h = holds
+                .get_mut(&id)
+                .filter(|h| h.is_grant_of(lease))
+                .ok_or_else(not_held)?;
             if h.holds > 1 {
                 h.holds -= 1;
                 return Ok(Released::new(h.holds));

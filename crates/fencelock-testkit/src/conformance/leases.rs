@@ -200,3 +200,64 @@ pub(super) async fn run_cancels_closure_on_lost(cx: &Ctx) -> CaseResult {
     );
     Ok(())
 }
+
+/// An owner name is not a hold: when an operator breaks a hold taken with an
+/// explicit owner and that owner takes the key again (a restarted process
+/// that names itself by host, or the same process), the first guard must find
+/// its lease lost and its release must leave the new hold alone — renewals
+/// and releases match the grant, not the owner's name.
+pub(super) async fn a_stale_guard_of_the_same_owner_leaves_the_new_hold_alone(
+    cx: &Ctx,
+) -> CaseResult {
+    let (a, b) = (cx.locker().await?, cx.locker().await?);
+    stale_guard_round(cx, &a, &b, "another client").await?;
+    stale_guard_round(cx, &a, &a, "the same client").await
+}
+
+async fn stale_guard_round(cx: &Ctx, a: &Locker, b: &Locker, who: &str) -> CaseResult {
+    let c = cx.locker().await?;
+    let key = cx.key(&format!("k-{}", who.replace(' ', "-")));
+    let owner = "host-1";
+    let old = a.lock(&key).owner(owner).ttl(cx.ttl).acquire().await?;
+    cx.harness.steal(&Key::new(&key)?).await?;
+    // Retaken at once, before the old guard's next renewal is due.
+    let new = b
+        .lock(&key)
+        .owner(owner)
+        .ttl(cx.ttl)
+        .wait(cx.soon())
+        .acquire()
+        .await?;
+    if cx.caps.fencing {
+        ensure!(
+            new.token() > old.token(),
+            "retaken by {who}: the new hold got token {:?}, the broken one had {:?}",
+            new.token(),
+            old.token()
+        );
+    }
+    tokio::time::timeout(cx.soon(), old.lost())
+        .await
+        .map_err(|_| {
+            Fail(format!(
+                "retaken by {who}: the broken guard was still valid {:?} after its hold was broken and retaken by the same owner (its renewals extend the new hold)",
+                cx.soon()
+            ))
+        })?;
+    let r = old.release().await;
+    ensure!(
+        matches!(r, Err(Error::NotHeld { .. })),
+        "retaken by {who}: the broken guard's release: expected NotHeld, got {r:?}"
+    );
+    ensure!(
+        c.lock(&key).try_acquire().await?.is_none(),
+        "retaken by {who}: the broken guard's release freed the same owner's new hold"
+    );
+    ensure!(
+        new.is_valid(),
+        "retaken by {who}: the new hold was lost: {:?}",
+        new.lease().lost_reason()
+    );
+    new.release().await?;
+    Ok(())
+}

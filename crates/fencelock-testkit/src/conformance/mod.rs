@@ -299,6 +299,7 @@ fn all_cases() -> Vec<Case> {
         fixed_lease_expires_and_fires_lost: needs_ttl,
         max_hold_stops_renewal: needs_ttl,
         lost_fires_when_lease_is_stolen: always,
+        a_stale_guard_of_the_same_owner_leaves_the_new_hold_alone: always,
         lost_fires_when_renewal_fails: needs_ttl,
         non_owner_release_is_not_held: always,
         run_cancels_closure_on_lost: always,
