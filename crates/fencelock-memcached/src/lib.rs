@@ -57,6 +57,7 @@
 
 mod item;
 mod options;
+mod pipeline;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -79,6 +80,9 @@ const NAME: &str = "memcached";
 pub const DRIVER: fencelock_core::backend::Driver =
     fencelock_core::driver!(NAME, ["memcached"], MemcachedBackend::connect);
 
+/// Leases renewed per batch: two round trips per this many.
+const RENEW_BATCH: usize = 100;
+
 /// The longest relative expiry memcached accepts (larger numbers are Unix times).
 const MAX_EXPIRY_SECS: u64 = 30 * 24 * 3600;
 
@@ -93,6 +97,8 @@ struct Inner {
     addr: String,
     options: MemcachedOptions,
     idle: Mutex<Vec<Client>>,
+    /// The connection for batched renewals, while none uses it.
+    pipe: Mutex<Option<pipeline::Pipe>>,
     /// Wakes this process's waiters when a hold is released here.
     released: Notify,
 }
@@ -130,6 +136,7 @@ impl MemcachedBackend {
                 addr,
                 options,
                 idle: Mutex::new(Vec::new()),
+                pipe: Mutex::new(None),
                 released: Notify::new(),
             }),
         };
@@ -312,9 +319,12 @@ impl MemcachedBackend {
                 secs,
                 owner: req.owner.to_string(),
                 key: req.key.to_string(),
+                grant: Holder::new_grant(),
             };
             if self.add(&name, &mine, secs).await? {
-                return Ok(Ok(Grant::new(None, req.ttl, 1, requested_at)));
+                return Ok(Ok(
+                    Grant::new(None, req.ttl, 1, requested_at).with_handle(mine.grant)
+                ));
             }
             let Some(now) = self.read(&name).await? else {
                 continue; // expired or released meanwhile: try again
@@ -322,12 +332,15 @@ impl MemcachedBackend {
             match now.holder {
                 Some(h) if h.owner == req.owner.as_str() => {
                     if !req.reentrant {
-                        return Ok(Ok(Grant::new(None, req.ttl, h.holds, requested_at)));
+                        return Ok(Ok(
+                            Grant::new(None, req.ttl, h.holds, requested_at).with_handle(h.grant)
+                        ));
                     }
                     let more = h.with_holds(h.holds + 1).at_least(secs);
                     let keep = more.secs.max(u64::try_from(now.secs_left).unwrap_or(0));
                     if self.replace(&name, &more, now.cas, keep).await? {
-                        return Ok(Ok(Grant::new(None, req.ttl, more.holds, requested_at)));
+                        return Ok(Ok(Grant::new(None, req.ttl, more.holds, requested_at)
+                            .with_handle(more.grant)));
                     }
                 }
                 _ => {
@@ -336,6 +349,104 @@ impl MemcachedBackend {
                 }
             }
         }
+    }
+
+    /// Renews up to [`RENEW_BATCH`] leases in two round trips: one pipelined
+    /// read of their items, then one pipeline of CAS-checked writes (see
+    /// [`pipeline`]). A lease whose write lost a race (its item changed
+    /// between the read and the write: a reentrant acquire, another lease of
+    /// the same item in this batch) is renewed again on its own.
+    async fn renew_batch(&self, leases: &[LeaseRef]) -> Result<Vec<Renewal>> {
+        let names: Vec<String> = leases.iter().map(|l| self.name(&l.key)).collect();
+        let mut unique: Vec<&str> = names.iter().map(String::as_str).collect();
+        unique.sort_unstable();
+        unique.dedup();
+        let got = self
+            .with_client(async |c| c.meta_get_multi(&unique, Some(&["v", "c", "t"])).await)
+            .await?;
+        let items: std::collections::HashMap<Vec<u8>, Read> = got
+            .into_iter()
+            .filter_map(|v| {
+                let key = v.key.clone()?;
+                Some((
+                    key,
+                    Read {
+                        holder: v.data.as_deref().and_then(Holder::decode),
+                        cas: v.cas.unwrap_or(0),
+                        secs_left: v.ttl_remaining.unwrap_or(-1),
+                    },
+                ))
+            })
+            .collect();
+        let mut out: Vec<Option<Renewal>> = vec![None; leases.len()];
+        let mut writes = Vec::new();
+        let mut written = Vec::new();
+        for (i, (lease, name)) in leases.iter().zip(&names).enumerate() {
+            let Some(read) = items.get(name.as_bytes()) else {
+                out[i] = Some(Renewal::Lost {
+                    reason: "the item is gone (expired, evicted, or the server restarted)".into(),
+                });
+                continue;
+            };
+            let Some(h) = read
+                .holder
+                .as_ref()
+                .filter(|h| h.is_grant(lease.owner.as_str(), &lease.handle))
+            else {
+                out[i] = Some(Renewal::Lost {
+                    reason: "another grant holds the item now".into(),
+                });
+                continue;
+            };
+            let secs = expiry_secs(lease.ttl)?;
+            writes.push(pipeline::CasWrite {
+                name: name.clone(),
+                value: h.encode(),
+                cas: read.cas,
+                secs: h.secs.max(secs),
+            });
+            written.push(i);
+        }
+        let stored = self.cas_write_all(&writes, leases).await?;
+        for (i, stored) in written.into_iter().zip(stored) {
+            out[i] = Some(if stored {
+                Renewal::Held { ttl: leases[i].ttl }
+            } else {
+                self.renew_one(&leases[i]).await?
+            });
+        }
+        Ok(out.into_iter().flatten().collect())
+    }
+
+    /// Sends `writes` on the batch connection (made anew after a failure or
+    /// a cancelled batch), bounded by a third of the shortest TTL.
+    async fn cas_write_all(
+        &self,
+        writes: &[pipeline::CasWrite],
+        leases: &[LeaseRef],
+    ) -> Result<Vec<bool>> {
+        if writes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let io_err = |e: std::io::Error| {
+            Error::connection(NAME, &self.inner.addr, format!("{e}")).with_source(e)
+        };
+        let idle = self
+            .inner
+            .pipe
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let mut pipe = match idle {
+            Some(p) => p,
+            None => pipeline::Pipe::connect(&self.inner.addr)
+                .await
+                .map_err(io_err)?,
+        };
+        let limit = leases.iter().map(|l| l.ttl).min().unwrap_or_default() / 3;
+        let stored = pipe.cas_write_all(writes, limit).await.map_err(io_err)?;
+        *self.inner.pipe.lock().unwrap_or_else(|p| p.into_inner()) = Some(pipe);
+        Ok(stored)
     }
 
     async fn renew_one(&self, lease: &LeaseRef) -> Result<Renewal> {
@@ -350,9 +461,12 @@ impl MemcachedBackend {
                     reason: "the item is gone (expired, evicted, or the server restarted)".into(),
                 });
             };
-            let Some(h) = now.holder.filter(|h| h.owner == lease.owner.as_str()) else {
+            let Some(h) = now
+                .holder
+                .filter(|h| h.is_grant(lease.owner.as_str(), &lease.handle))
+            else {
                 return Ok(Renewal::Lost {
-                    reason: "another owner holds the item now".into(),
+                    reason: "another grant holds the item now".into(),
                 });
             };
             let keep = h.secs.max(secs);
@@ -404,8 +518,8 @@ impl Backend for MemcachedBackend {
 
     async fn renew(&self, leases: &[LeaseRef]) -> Result<Vec<Renewal>> {
         let mut out = Vec::with_capacity(leases.len());
-        for lease in leases {
-            out.push(self.renew_one(lease).await?);
+        for batch in leases.chunks(RENEW_BATCH) {
+            out.extend(self.renew_batch(batch).await?);
         }
         Ok(out)
     }
@@ -421,7 +535,7 @@ impl Backend for MemcachedBackend {
             let now = self.read(&name).await?.ok_or_else(not_held)?;
             let h = now
                 .holder
-                .filter(|h| h.owner == lease.owner.as_str())
+                .filter(|h| h.is_grant(lease.owner.as_str(), &lease.handle))
                 .ok_or_else(not_held)?;
             if h.holds > 1 {
                 let fewer = h.with_holds(h.holds - 1);
