@@ -70,10 +70,12 @@ impl Holder {
     }
 
     /// Whether this is the holder a lease of `owner` with grant id `grant`
-    /// was given (an item an older version wrote has no id: its owner's
-    /// name decides).
+    /// was given. An item an older version wrote has no id: only a lease
+    /// that was handed that item (reentering it) matches it, never one of a
+    /// grant made since — that older process may have taken the key again
+    /// after this owner's hold was broken.
     pub(crate) fn is_grant(&self, owner: &str, grant: &str) -> bool {
-        self.owner == owner && (self.grant.is_empty() || self.grant == grant)
+        self.owner == owner && self.grant == grant
     }
 
     /// The same holder with `holds` holds.
@@ -121,7 +123,11 @@ mod tests {
         // An older version's item: no grant id.
         let old = Holder::decode(b"fencelock1 3 31\no w n e r\nk e y").unwrap();
         assert_eq!(old.grant, "");
-        assert!(old.is_grant(&h.owner, &h.grant) && h.is_grant(&h.owner, &h.grant));
+        assert!(old.is_grant(&h.owner, "") && h.is_grant(&h.owner, &h.grant));
+        assert!(
+            !old.is_grant(&h.owner, &h.grant),
+            "an older version's retake matched"
+        );
         assert!(!h.is_grant(&h.owner, "another grant") && !h.is_grant("other", &h.grant));
         assert_eq!(Holder::decode(b"something else"), None);
     }
