@@ -92,10 +92,11 @@ use etcd_client::{
     WatchFilterType, WatchOptions, WatchStream,
 };
 use fencelock_core::backend::{
-    Grant, LeaseRef, QueueRole, Released, Renewal, Request, async_trait, redact_url,
+    Grant, GrantTable, LeaseRef, QueueRole, Released, Renewal, Request, Tokened, async_trait,
+    redact_url,
 };
 use fencelock_core::{
-    Backend, Capabilities, Error, FencingToken, HolderInfo, Key, LockInfo, Mode, Owner, Result,
+    Backend, Capabilities, Error, FencingToken, HolderInfo, Key, LockInfo, Mode, Result,
 };
 use tokio::time::Instant;
 
@@ -144,7 +145,7 @@ pub(crate) struct Inner {
     address: String,
     /// One session (lease) per TTL class, by its seconds.
     pub(crate) sessions: Mutex<HashMap<i64, Arc<Session>>>,
-    holds: Mutex<HashMap<(Key, Owner), Held>>,
+    holds: Mutex<GrantTable<Held>>,
     /// Keys this client created and has not yet seen deleted: a name is not
     /// used again before its key is gone.
     names: Mutex<HashSet<String>>,
@@ -177,13 +178,9 @@ struct Held {
     renewed_until: Instant,
 }
 
-impl Held {
-    /// Whether this is the hold `lease` was granted: the entry of its key and
-    /// owner holds that grant's token (an owner whose hold was broken and who
-    /// took the key again through this client holds a new grant, which the
-    /// old lease must not renew or release).
-    fn is_grant_of(&self, lease: &LeaseRef) -> bool {
-        lease.token.map(FencingToken::get) == u64::try_from(self.token).ok()
+impl Tokened for Held {
+    fn token(&self) -> u64 {
+        u64::try_from(self.token).unwrap_or(0)
     }
 }
 
@@ -231,7 +228,7 @@ impl EtcdBackend {
             options: parsed.options,
             address,
             sessions: Mutex::new(HashMap::new()),
-            holds: Mutex::new(HashMap::new()),
+            holds: Mutex::new(GrantTable::new()),
             names: Mutex::new(HashSet::new()),
             orphans: Mutex::new(Vec::new()),
             cancelled: Mutex::new(Vec::new()),
@@ -318,10 +315,10 @@ impl EtcdBackend {
     /// anew.
     async fn reenter(&self, req: &Request, requested_at: Instant) -> Result<Option<Grant>> {
         let inner = &self.inner;
-        let id = (req.key.clone(), req.owner.clone());
+        let (key, owner) = (&req.key, &req.owner);
         let (node, token, lease) = {
             let holds = lock(&inner.holds);
-            let Some(h) = holds.get(&id) else {
+            let Some(h) = holds.first(key, owner) else {
                 return Ok(None);
             };
             if h.mode != req.mode {
@@ -348,18 +345,15 @@ impl EtcdBackend {
             .await?;
         let ours = resp.kvs().first().map(|kv| kv.create_revision()) == Some(token);
         let mut holds = lock(&inner.holds);
+        let grant = u64::try_from(token).unwrap_or(0);
         if !ours {
-            if holds
-                .get(&id)
-                .is_some_and(|h| h.node == node && h.token == token)
-            {
-                holds.remove(&id);
+            if holds.remove(key, owner, grant).is_some() {
                 // The janitor's delete frees the name for reuse.
                 lock(&inner.orphans).push(node);
             }
             return Ok(None);
         }
-        let Some(h) = holds.get_mut(&id) else {
+        let Some(h) = holds.get_mut(key, owner, grant) else {
             return Ok(None);
         };
         let Some(ttl) = inner.grant_ttl(req.ttl, &lease, requested_at) else {
@@ -513,7 +507,8 @@ impl Backend for EtcdBackend {
         let lease = now_lease;
         pending.keep();
         lock(&inner.holds).insert(
-            (req.key.clone(), req.owner.clone()),
+            &req.key,
+            &req.owner,
             Held {
                 node: node.clone(),
                 token: rev,
@@ -540,7 +535,7 @@ impl Backend for EtcdBackend {
             let holds = lock(&inner.holds);
             leases
                 .iter()
-                .map(|l| match holds.get(&(l.key.clone(), l.owner.clone())).filter(|h| h.is_grant_of(l)) {
+                .map(|l| match holds.of_lease(l) {
                     None => Err(
                         "this client no longer holds it (released, or its TTL ran out unrenewed)",
                     ),
@@ -582,7 +577,6 @@ impl Backend for EtcdBackend {
         let mut out = Vec::with_capacity(leases.len());
         let mut holds = lock(&inner.holds);
         for (l, check) in leases.iter().zip(checks) {
-            let id = (l.key.clone(), l.owner.clone());
             let reason = match check {
                 Err(reason) => reason,
                 Ok((_, token, lease)) if found.next().flatten() == Some(token) => {
@@ -592,7 +586,7 @@ impl Backend for EtcdBackend {
                         });
                         continue;
                     };
-                    if let Some(h) = holds.get_mut(&id).filter(|h| h.is_grant_of(l)) {
+                    if let Some(h) = holds.of_lease_mut(l) {
                         h.renewed_until = start + h.ttl;
                         out.push(Renewal::Held {
                             ttl: h.ttl.min(left),
@@ -603,8 +597,8 @@ impl Backend for EtcdBackend {
                 }
                 Ok(_) => "its key is gone (deleted, or its lease expired)",
             };
-            if holds.get(&id).is_some_and(|h| h.is_grant_of(l))
-                && let Some(h) = holds.remove(&id)
+            if let Some(token) = l.token
+                && let Some(h) = holds.remove(&l.key, &l.owner, token.get())
             {
                 lock(&inner.orphans).push(h.node);
             }
@@ -617,22 +611,21 @@ impl Backend for EtcdBackend {
 
     async fn release(&self, lease: &LeaseRef) -> Result<Released> {
         let inner = &self.inner;
-        let id = (lease.key.clone(), lease.owner.clone());
         let not_held = || Error::NotHeld {
             key: lease.key.to_string(),
             owner: lease.owner.to_string(),
         };
         let (node, token) = {
             let mut holds = lock(&inner.holds);
-            let h = holds
-                .get_mut(&id)
-                .filter(|h| h.is_grant_of(lease))
-                .ok_or_else(not_held)?;
+            let h = holds.of_lease_mut(lease).ok_or_else(not_held)?;
             if h.holds > 1 {
                 h.holds -= 1;
                 return Ok(Released::new(h.holds));
             }
-            let h = holds.remove(&id).ok_or_else(not_held)?;
+            let grant = h.token();
+            let h = holds
+                .remove(&lease.key, &lease.owner, grant)
+                .ok_or_else(not_held)?;
             (h.node, h.token)
         };
         // The hold is no longer in `holds`: if this future is dropped before

@@ -225,14 +225,9 @@ impl Inner {
     pub(crate) async fn sweep(&self) {
         let now = Instant::now();
         let expired: Vec<String> = {
-            let mut holds = lock(&self.holds);
-            let gone: Vec<(Key, Owner)> = holds
-                .iter()
-                .filter(|(_, h)| h.renewed_until <= now)
-                .map(|(k, _)| k.clone())
-                .collect();
-            gone.into_iter()
-                .filter_map(|k| holds.remove(&k))
+            lock(&self.holds)
+                .remove_where(|h| h.renewed_until <= now)
+                .into_iter()
                 .map(|h| h.node)
                 .collect()
         };

@@ -33,6 +33,7 @@ conformance_tests!(
     skips: [
         tokens_increase_across_holders,
         readers_coexist_and_exclude_writers,
+        racing_shared_holds_of_one_owner_keep_their_grants,
         semaphore_admits_exactly_n,
         a_semaphore_keeps_one_permit_count_while_held,
     ]

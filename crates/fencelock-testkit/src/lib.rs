@@ -71,6 +71,7 @@ macro_rules! conformance_tests {
             a_grant_after_a_wait_longer_than_the_ttl_is_held
             repeated_request_is_idempotent
             readers_coexist_and_exclude_writers
+            racing_shared_holds_of_one_owner_keep_their_grants
             semaphore_admits_exactly_n
             a_semaphore_keeps_one_permit_count_while_held
             ttl_frees_a_leaked_guard

@@ -92,10 +92,10 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use fencelock_core::backend::{
-    Grant, LeaseRef, Released, Renewal, Request, async_trait, redact_url,
+    Grant, GrantTable, LeaseRef, Released, Renewal, Request, Tokened, async_trait, redact_url,
 };
 use fencelock_core::{
-    Backend, Capabilities, Error, FencingToken, HolderInfo, Key, LockInfo, Mode, Owner, Result,
+    Backend, Capabilities, Error, FencingToken, HolderInfo, Key, LockInfo, Mode, Result,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -131,7 +131,7 @@ struct Inner {
     connect: Connect,
     options: ZkOptions,
     address: String,
-    holds: Mutex<HashMap<(Key, Owner), Held>>,
+    holds: Mutex<GrantTable<Held>>,
     /// Nodes to delete that could not be deleted yet (`<lock path>/<prefix>*`:
     /// every node with that protected prefix), with the session that made them.
     orphans: Mutex<Vec<(String, Arc<Session>)>>,
@@ -173,13 +173,9 @@ struct Held {
     renewed_until: Instant,
 }
 
-impl Held {
-    /// Whether this is the hold `lease` was granted: the entry of its key and
-    /// owner holds that grant's token (an owner whose hold was broken and who
-    /// took the key again through this client holds a new grant, which the
-    /// old lease must not renew or release).
-    fn is_grant_of(&self, lease: &LeaseRef) -> bool {
-        lease.token.map(FencingToken::get) == Some(self.token)
+impl Tokened for Held {
+    fn token(&self) -> u64 {
+        self.token
     }
 }
 
@@ -239,7 +235,7 @@ impl ZooKeeperBackend {
             connect,
             options: parsed.options,
             address,
-            holds: Mutex::new(HashMap::new()),
+            holds: Mutex::new(GrantTable::new()),
             orphans: Mutex::new(Vec::new()),
             watch_events: AtomicU64::new(0),
         });
@@ -322,10 +318,10 @@ impl ZooKeeperBackend {
     /// taken anew.
     async fn reenter(&self, req: &Request, requested_at: Instant) -> Result<Option<Grant>> {
         let inner = &self.inner;
-        let id = (req.key.clone(), req.owner.clone());
+        let (key, owner) = (&req.key, &req.owner);
         let node = {
             let holds = lock(&inner.holds);
-            let Some(h) = holds.get(&id) else {
+            let Some(h) = holds.first(key, owner) else {
                 return Ok(None);
             };
             if h.mode != req.mode {
@@ -336,9 +332,9 @@ impl ZooKeeperBackend {
                     req.mode,
                 ));
             }
-            (h.node.clone(), h.session.clone())
+            (h.node.clone(), h.session.clone(), h.token)
         };
-        let (node, session) = node;
+        let (node, session, token) = node;
         // Synced first: a server cut off from the leader may still show a
         // node whose session the leader has expired.
         let client = session.client();
@@ -351,12 +347,10 @@ impl ZooKeeperBackend {
         };
         let mut holds = lock(&inner.holds);
         if !ours {
-            if holds.get(&id).is_some_and(|h| h.node == node) {
-                holds.remove(&id);
-            }
+            holds.remove(key, owner, token);
             return Ok(None);
         }
-        let Some(h) = holds.get_mut(&id) else {
+        let Some(h) = holds.get_mut(key, owner, token) else {
             return Ok(None);
         };
         if req.reentrant {
@@ -462,7 +456,8 @@ impl Backend for ZooKeeperBackend {
         pending.keep();
         let ttl = inner.grant_ttl(req.ttl, &session);
         lock(&inner.holds).insert(
-            (req.key.clone(), req.owner.clone()),
+            &req.key,
+            &req.owner,
             Held {
                 session,
                 node,
@@ -491,8 +486,7 @@ impl Backend for ZooKeeperBackend {
                 .iter()
                 .map(|l| {
                     holds
-                        .get(&(l.key.clone(), l.owner.clone()))
-                        .filter(|h| h.is_grant_of(l))
+                        .of_lease(l)
                         .map(|h| (h.node.clone(), h.session.clone()))
                 })
                 .collect()
@@ -535,22 +529,21 @@ impl Backend for ZooKeeperBackend {
 
     async fn release(&self, lease: &LeaseRef) -> Result<Released> {
         let inner = &self.inner;
-        let id = (lease.key.clone(), lease.owner.clone());
         let (node, session) = {
             let mut holds = lock(&inner.holds);
             let not_held = || Error::NotHeld {
                 key: lease.key.to_string(),
                 owner: lease.owner.to_string(),
             };
-            let h = holds
-                .get_mut(&id)
-                .filter(|h| h.is_grant_of(lease))
-                .ok_or_else(not_held)?;
+            let h = holds.of_lease_mut(lease).ok_or_else(not_held)?;
             if h.holds > 1 {
                 h.holds -= 1;
                 return Ok(Released::new(h.holds));
             }
-            let h = holds.remove(&id).ok_or_else(not_held)?;
+            let token = h.token;
+            let h = holds
+                .remove(&lease.key, &lease.owner, token)
+                .ok_or_else(not_held)?;
             (h.node, h.session)
         };
         // The hold is no longer in `holds`: if this future is dropped before

@@ -346,14 +346,9 @@ impl Inner {
     pub(crate) async fn sweep(&self) {
         let now = Instant::now();
         let expired: Vec<(String, Arc<Session>)> = {
-            let mut holds = lock(&self.holds);
-            let gone: Vec<(Key, Owner)> = holds
-                .iter()
-                .filter(|(_, h)| h.renewed_until <= now)
-                .map(|(k, _)| k.clone())
-                .collect();
-            gone.into_iter()
-                .filter_map(|k| holds.remove(&k))
+            lock(&self.holds)
+                .remove_where(|h| h.renewed_until <= now)
+                .into_iter()
                 .map(|h| (h.node, h.session))
                 .collect()
         };
@@ -424,15 +419,18 @@ impl Inner {
             .zip(results)
             .map(|((i, node), result)| {
                 let ours = matches!(result, zk::MultiReadResult::Data { stat, .. } if stat.ephemeral_owner == id);
-                let key = (leases[*i].key.clone(), leases[*i].owner.clone());
-                let renewal = match holds.get_mut(&key) {
+                let lease = &leases[*i];
+                let renewal = match holds.of_lease_mut(lease) {
                     Some(h) if ours && h.node == *node => {
                         h.renewed_until = start + h.ttl;
                         Renewal::Held { ttl: h.ttl }
                     }
                     _ => {
-                        if !ours && holds.get(&key).is_some_and(|h| h.node == *node) {
-                            holds.remove(&key);
+                        if !ours
+                            && let Some(token) = lease.token
+                            && holds.of_lease(lease).is_some_and(|h| h.node == *node)
+                        {
+                            holds.remove(&lease.key, &lease.owner, token.get());
                         }
                         Renewal::Lost {
                             reason: "the lock node is gone (deleted, or the session that owned it expired)"

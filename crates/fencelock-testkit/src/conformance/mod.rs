@@ -292,6 +292,7 @@ fn all_cases() -> Vec<Case> {
         a_grant_after_a_wait_longer_than_the_ttl_is_held: needs_ttl,
         repeated_request_is_idempotent: always,
         readers_coexist_and_exclude_writers: needs_shared,
+        racing_shared_holds_of_one_owner_keep_their_grants: needs_shared,
         semaphore_admits_exactly_n: needs_semaphore,
         a_semaphore_keeps_one_permit_count_while_held: needs_semaphore,
         ttl_frees_a_leaked_guard: needs_ttl,

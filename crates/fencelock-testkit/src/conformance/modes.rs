@@ -194,3 +194,39 @@ pub(super) async fn inspect_shows_the_holder(cx: &Ctx) -> CaseResult {
     );
     Ok(())
 }
+
+/// Two shared acquires of one explicit owner at once on one client may both
+/// pass the reentry check and be granted by two grants: each guard must keep
+/// its own (renewed, valid, released), and once both are released a writer
+/// must get the key.
+pub(super) async fn racing_shared_holds_of_one_owner_keep_their_grants(cx: &Ctx) -> CaseResult {
+    let (a, b) = (cx.locker().await?, cx.locker().await?);
+    let key = cx.key("k");
+    let take = || {
+        a.read_lock(&key)
+            .owner("host-1")
+            .ttl(cx.ttl)
+            .wait(cx.soon())
+            .acquire()
+    };
+    let (g1, g2) = tokio::join!(take(), take());
+    let (g1, g2) = (g1?, g2?);
+    // Several renewal periods.
+    tokio::time::sleep(cx.ttl * 2).await;
+    for (name, g) in [("first", &g1), ("second", &g2)] {
+        ensure!(
+            g.is_valid(),
+            "the {name} of two racing shared holds of one owner was lost: {:?}",
+            g.lease().lost_reason()
+        );
+    }
+    g1.release().await?;
+    g2.release().await?;
+    let w = b.lock(&key).ttl(cx.ttl).wait(cx.soon()).acquire().await;
+    ensure!(
+        w.is_ok(),
+        "a writer after both shared holds were released: {w:?}"
+    );
+    w?.release().await?;
+    Ok(())
+}
