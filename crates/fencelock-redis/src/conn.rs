@@ -293,6 +293,51 @@ impl Conn {
         }
     }
 
+    /// Cluster only: each slot range and its primary, by `CLUSTER SLOTS`
+    /// asked of every primary, the first answer taken (a stalled primary
+    /// does not hold it up); `None` on a single server, or when a node has
+    /// no usable address.
+    pub(crate) async fn slot_ranges(&self) -> redis::RedisResult<Option<Vec<SlotRange>>> {
+        let Conn::Cluster(c) = self else {
+            return Ok(None);
+        };
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("SLOTS");
+        let first = RoutingInfo::MultiNode((
+            MultipleNodeRoutingInfo::AllMasters,
+            Some(ResponsePolicy::OneSucceeded),
+        ));
+        let slots = c.clone().route_command(cmd, first).await?;
+        Ok(slot_primaries(&slots))
+    }
+
+    /// Cluster only: `cmds` as one pipeline to the node at `host:port`, with
+    /// each command's reply (an error reply as [`Value::ServerError`]); not
+    /// redirected if a slot moved.
+    pub(crate) async fn pipeline_at(
+        &self,
+        cmds: Vec<Cmd>,
+        host: &str,
+        port: u16,
+    ) -> redis::RedisResult<Vec<Value>> {
+        let Conn::Cluster(c) = self else {
+            return Err(RedisError::from((
+                redis::ErrorKind::Client,
+                "a pipeline to one node of a cluster",
+            )));
+        };
+        let count = cmds.len();
+        let mut pipe = redis::pipe();
+        for cmd in cmds {
+            pipe.add_command(cmd);
+        }
+        let route = SingleNodeRoutingInfo::ByAddress {
+            host: host.to_string(),
+            port,
+        };
+        c.clone().route_pipeline(pipe, 0, count, route).await
+    }
+
     pub(crate) fn is_cluster(&self) -> bool {
         matches!(self, Conn::Cluster(_))
     }
@@ -322,18 +367,21 @@ where
     }
 }
 
-/// The primaries' addresses in a `CLUSTER SLOTS` reply (each slot range's
-/// first node), or `None` if one of them has no usable address.
-fn primaries(slots: &Value) -> Option<Vec<(String, u16)>> {
+/// Each slot range of a `CLUSTER SLOTS` reply with its primary (the range's
+/// first node): (first slot, last slot, host, port); `None` if one of them
+/// has no usable address.
+fn slot_primaries(slots: &Value) -> Option<Vec<SlotRange>> {
     let Value::Array(ranges) = slots else {
         return None;
     };
-    let mut out: Vec<(String, u16)> = Vec::new();
+    let mut out = Vec::with_capacity(ranges.len());
     for range in ranges {
         let Value::Array(fields) = range else {
             return None;
         };
-        let Some(Value::Array(node)) = fields.get(2) else {
+        let (Some(Value::Int(first)), Some(Value::Int(last)), Some(Value::Array(node))) =
+            (fields.first(), fields.get(1), fields.get(2))
+        else {
             return None;
         };
         let host = match node.first() {
@@ -347,10 +395,50 @@ fn primaries(slots: &Value) -> Option<Vec<(String, u16)>> {
         if host.is_empty() || host == "?" {
             return None;
         }
-        let addr = (host, u16::try_from(*port).ok()?);
+        out.push(SlotRange {
+            first: u16::try_from(*first).ok()?,
+            last: u16::try_from(*last).ok()?,
+            host,
+            port: u16::try_from(*port).ok()?,
+        });
+    }
+    Some(out)
+}
+
+/// The primaries' addresses in a `CLUSTER SLOTS` reply, each once.
+fn primaries(slots: &Value) -> Option<Vec<(String, u16)>> {
+    let mut out: Vec<(String, u16)> = Vec::new();
+    for r in slot_primaries(slots)? {
+        let addr = (r.host, r.port);
         if !out.contains(&addr) {
             out.push(addr);
         }
     }
     Some(out)
+}
+
+/// A range of cluster slots and the primary serving it.
+#[derive(Debug, Clone)]
+pub(crate) struct SlotRange {
+    pub(crate) first: u16,
+    pub(crate) last: u16,
+    pub(crate) host: String,
+    pub(crate) port: u16,
+}
+
+/// The cluster slot of `key` (CRC16 of its hash tag, or of the whole key,
+/// modulo 16384), as Redis computes it.
+pub(crate) fn slot_of(key: &[u8]) -> u16 {
+    let tag = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            rest.iter()
+                .position(|&b| b == b'}')
+                .map(|close| &rest[..close])
+        })
+        .filter(|tag| !tag.is_empty())
+        .unwrap_or(key);
+    crc16::State::<crc16::XMODEM>::calculate(tag) % 16384
 }

@@ -159,6 +159,23 @@ const MAX_RECHECK: Duration = Duration::from_secs(5);
 /// holds the others up this long at most.
 const QUEUE_PLACE: Duration = Duration::from_secs(3);
 
+/// What the renew script's answer for `lease` means.
+fn renewal(lease: &LeaseRef, held: bool) -> Renewal {
+    if held {
+        Renewal::Held { ttl: lease.ttl }
+    } else {
+        Renewal::Lost {
+            reason: "the hold is gone from Redis (expired, deleted, or the server lost its data)"
+                .into(),
+        }
+    }
+}
+
+/// Leases renewed per script call on one server (Redisson renews 100 locks
+/// per call too): at 10,000 held locks one script for all ran ~100 ms on the
+/// server, and a script blocks every other client while it runs.
+const RENEW_BATCH: usize = 100;
+
 /// A waiter's place in a key's queue: left when the wait ends without a grant,
 /// also when the wait is cancelled (then by a spawned task).
 struct InQueue {
@@ -252,6 +269,9 @@ pub struct RedisBackend {
 struct Inner {
     node: Node,
     options: RedisOptions,
+    /// A cluster's slot map as last read for renewals; dropped when a
+    /// renewal finds it out of date.
+    slot_map: std::sync::Mutex<Option<Arc<Vec<conn::SlotRange>>>>,
 }
 
 impl RedisBackend {
@@ -280,7 +300,11 @@ impl RedisBackend {
     async fn open(url: &str, target: Target, options: RedisOptions) -> Result<RedisBackend> {
         let node = Node::open(url, &target, &options).await?;
         Ok(RedisBackend {
-            inner: Arc::new(Inner { node, options }),
+            inner: Arc::new(Inner {
+                node,
+                options,
+                slot_map: std::sync::Mutex::new(None),
+            }),
         })
     }
 
@@ -465,21 +489,162 @@ impl RedisBackend {
         Ok((released, Some(grant)))
     }
 
-    async fn renew_single_script(&self, leases: &[LeaseRef]) -> Result<Vec<Renewal>> {
-        let held = self.node().renew(leases).await?;
-        Ok(leases
-            .iter()
-            .zip(held)
-            .map(|(lease, held)| {
-                if held {
-                    Renewal::Held { ttl: lease.ttl }
-                } else {
-                    Renewal::Lost {
-                        reason: "the hold is gone from Redis (expired, deleted, or the server lost its data)".into(),
+    /// Renews on a cluster. A script may touch one slot only: one call per
+    /// lease, sent as one pipeline per primary (by the slot map, read when
+    /// first needed and again after it proved out of date), each pipeline
+    /// bounded well inside its leases' validity. A lease its primary did not
+    /// renew for a reason the map explains (the slot moved: `MOVED`, `ASK`; a
+    /// refused connection) is sent again on its own through the redirecting
+    /// connection; a primary that does not answer in time costs only its own
+    /// leases (reported unknown; the watchdog retries them until their
+    /// deadlines).
+    async fn renew_on_cluster(&self, leases: &[LeaseRef]) -> Result<Vec<Renewal>> {
+        let node = self.node();
+        let bound = |of: &mut dyn Iterator<Item = &LeaseRef>| {
+            of.map(|l| l.ttl).min().unwrap_or_default() / 3
+        };
+        let mut out: Vec<Option<Renewal>> = vec![None; leases.len()];
+        let map = self.slot_map(bound(&mut leases.iter())).await;
+        let mut stale = map.is_none();
+        if let Some(ranges) = map {
+            let mut by_node: std::collections::HashMap<(&str, u16), Vec<usize>> =
+                std::collections::HashMap::new();
+            for (i, l) in leases.iter().enumerate() {
+                let slot = conn::slot_of(node.keys(&l.key).hash.as_bytes());
+                match ranges.iter().find(|r| r.first <= slot && slot <= r.last) {
+                    Some(r) => by_node
+                        .entry((r.host.as_str(), r.port))
+                        .or_default()
+                        .push(i),
+                    None => stale = true,
+                }
+            }
+            let answers =
+                futures::future::join_all(by_node.into_iter().map(|((host, port), of)| {
+                    let batch: Vec<&LeaseRef> = of.iter().map(|&i| &leases[i]).collect();
+                    async move {
+                        let limit = bound(&mut batch.iter().copied());
+                        (
+                            of,
+                            limit,
+                            tokio::time::timeout(limit, node.renew_at(&batch, host, port)).await,
+                        )
+                    }
+                }))
+                .await;
+            for (of, limit, answer) in answers {
+                match answer {
+                    Ok(Ok(held)) => {
+                        for (i, held) in of.into_iter().zip(held) {
+                            stale |= held.is_none();
+                            out[i] = held.map(|held| renewal(&leases[i], held));
+                        }
+                    }
+                    // The node is there but not where the map says, or gone.
+                    Ok(Err(_)) => stale = true,
+                    Err(_) => {
+                        for i in of {
+                            out[i] = Some(Renewal::Unknown {
+                                reason: format!("no answer within {limit:?}"),
+                            });
+                        }
                     }
                 }
-            })
-            .collect())
+            }
+        }
+        if stale {
+            *self
+                .inner
+                .slot_map
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = None;
+        }
+        // The rest one by one, redirected as the cluster says.
+        let rest = out
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.is_none())
+            .map(|(i, _)| i);
+        let calls = rest.map(|i| async move {
+            let l = &leases[i];
+            let one = self.renew_in_batches(std::slice::from_ref(l));
+            let r = match tokio::time::timeout(l.ttl / 3, one).await {
+                Ok(Ok(mut r)) if r.len() == 1 => r.remove(0),
+                Ok(Ok(r)) => Renewal::Unknown {
+                    reason: format!("{} answers for one lease", r.len()),
+                },
+                Ok(Err(e)) => Renewal::Unknown {
+                    reason: e.to_string(),
+                },
+                Err(_) => Renewal::Unknown {
+                    reason: format!("no answer within {:?}", l.ttl / 3),
+                },
+            };
+            (i, r)
+        });
+        for (i, r) in futures::future::join_all(calls).await {
+            out[i] = Some(r);
+        }
+        Ok(out.into_iter().flatten().collect())
+    }
+
+    /// The cluster's slot map for renewals: the one kept, or read anew
+    /// (`None` if that is not answered within `limit`, or names a node
+    /// without a usable address).
+    async fn slot_map(&self, limit: Duration) -> Option<Arc<Vec<conn::SlotRange>>> {
+        let kept = self
+            .inner
+            .slot_map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if kept.is_some() {
+            return kept;
+        }
+        let read = tokio::time::timeout(limit, self.node().conn.slot_ranges()).await;
+        let map = Arc::new(read.ok()?.ok()??);
+        *self
+            .inner
+            .slot_map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(map.clone());
+        Some(map)
+    }
+
+    /// Renews on one server: a script call per [`RENEW_BATCH`] leases, sent
+    /// together on the multiplexed connection (one round trip), so that no
+    /// single script holds the server for long (Redis runs a script alone).
+    async fn renew_in_batches(&self, leases: &[LeaseRef]) -> Result<Vec<Renewal>> {
+        let node = self.node();
+        let batches = futures::future::join_all(
+            leases
+                .chunks(RENEW_BATCH)
+                .map(|batch| async move { (batch, node.renew(batch).await) }),
+        )
+        .await;
+        let mut out = Vec::with_capacity(leases.len());
+        let mut failed = None;
+        for (batch, held) in batches {
+            match held {
+                Ok(held) => out.extend(
+                    batch
+                        .iter()
+                        .zip(held)
+                        .map(|(lease, held)| renewal(lease, held)),
+                ),
+                Err(e) => {
+                    out.extend(batch.iter().map(|_| Renewal::Unknown {
+                        reason: e.to_string(),
+                    }));
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        // Nothing learned at all: the error itself, as before batching.
+        match failed {
+            Some(e) if out.iter().all(|r| matches!(r, Renewal::Unknown { .. })) => Err(e),
+            _ => Ok(out),
+        }
     }
 }
 
@@ -573,28 +738,9 @@ impl Backend for RedisBackend {
             return Ok(Vec::new());
         }
         if !self.node().conn.is_cluster() {
-            return self.renew_single_script(leases).await;
+            return self.renew_in_batches(leases).await;
         }
-        // A cluster script may only touch one slot: one script per lease,
-        // concurrently, each bounded well inside its lease's validity, so a
-        // stalled primary costs only its own leases (reported unknown; the
-        // watchdog retries them until their deadlines).
-        let calls = leases.iter().map(|l| async move {
-            let one = self.renew_single_script(std::slice::from_ref(l));
-            match tokio::time::timeout(l.ttl / 3, one).await {
-                Ok(Ok(mut r)) if r.len() == 1 => r.remove(0),
-                Ok(Ok(r)) => Renewal::Unknown {
-                    reason: format!("{} answers for one lease", r.len()),
-                },
-                Ok(Err(e)) => Renewal::Unknown {
-                    reason: e.to_string(),
-                },
-                Err(_) => Renewal::Unknown {
-                    reason: format!("no answer within {:?}", l.ttl / 3),
-                },
-            }
-        });
-        Ok(futures::future::join_all(calls).await)
+        self.renew_on_cluster(leases).await
     }
 
     async fn release(&self, lease: &LeaseRef) -> Result<Released> {

@@ -326,6 +326,56 @@ impl Node {
         Ok(reply.into_iter().map(|ok| ok == 1).collect())
     }
 
+    /// Cluster: renews `leases`, whose keys all live on the primary at
+    /// `host:port` (by the slot map), with one pipeline of one script call
+    /// per lease (a script may touch one slot only): whether each is still
+    /// held, or `None` where the node gave no such answer (its slot moved, it
+    /// lacks the script) — to be renewed on the redirecting path.
+    ///
+    /// # Errors
+    ///
+    /// When the node does not answer the pipeline.
+    pub(crate) async fn renew_at(
+        &self,
+        leases: &[&LeaseRef],
+        host: &str,
+        port: u16,
+    ) -> Result<Vec<Option<bool>>> {
+        let cmds = leases
+            .iter()
+            .map(|lease| {
+                let k = self.keys(&lease.key);
+                scripts::RENEW
+                    .call()
+                    .key(k.hash)
+                    .key(k.expiry)
+                    .arg(lease.owner.as_str())
+                    .arg(lease.ttl.as_millis() as u64)
+                    .arg(&lease.handle)
+                    .evalsha()
+            })
+            .collect();
+        let replies = self
+            .conn
+            .pipeline_at(cmds, host, port)
+            .await
+            .map_err(|e| self.err(e))?;
+        if replies.len() != leases.len() {
+            return Err(unexpected("renew", &replies));
+        }
+        Ok(replies
+            .into_iter()
+            .map(|reply| match reply {
+                // The script's reply for one lease: a one-element array.
+                redis::Value::Array(v) if v.len() == 1 => match v[0] {
+                    redis::Value::Int(ok) => Some(ok == 1),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect())
+    }
+
     /// Runs the release script as operation `op`: returns the holds left (-1:
     /// not held), with `next` the token of the handoff (0: none; `proposal`
     /// floors it), and the server's clock (µs). A retry after a lost reply runs the same op,

@@ -230,3 +230,109 @@ async fn a_force_release_sent_again_after_a_lost_reply_spares_the_next_owner() {
         "a force_release sent again deleted the next owner's hold"
     );
 }
+
+/// Renewals go to each primary as one pipeline, by a slot map the client
+/// keeps: when a slot moves to another primary, the old one answers `MOVED`
+/// (redis-rs follows it; a lease it does not answer for is sent again on its
+/// own and the map read anew), and the lease must be renewed where the slot
+/// went, not lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_follows_a_slot_that_moved() {
+    let cluster = PrivateCluster::start().await;
+    let locker = Locker::new(RedisBackend::connect(&cluster.url("")).await.unwrap());
+    let key = "moving";
+    let name = format!("fencelock:{{{key}}}");
+    let from = cluster.node_of(&name).await;
+    let to = (from + 1) % 3;
+    let ttl = Duration::from_secs(3);
+    let moving = locker.lock(key).ttl(ttl).acquire().await.unwrap();
+    // A second hold on the node that keeps its slots.
+    let mut staying_key = String::new();
+    for i in 0.. {
+        staying_key = format!("staying-{i}");
+        if cluster
+            .node_of(&format!("fencelock:{{{staying_key}}}"))
+            .await
+            == to
+        {
+            break;
+        }
+    }
+    let staying = locker.lock(&staying_key).ttl(ttl).acquire().await.unwrap();
+    // Renewed at least once: the slot map is kept.
+    tokio::time::sleep(ttl).await;
+    let slot: i64 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(&name)
+        .query_async(&mut direct(cluster.ports[0]).await)
+        .await
+        .unwrap();
+    let id = |i: usize| {
+        let port = cluster.ports[i];
+        async move {
+            let id: String = redis::cmd("CLUSTER")
+                .arg("MYID")
+                .query_async(&mut direct(port).await)
+                .await
+                .unwrap();
+            id
+        }
+    };
+    let (from_id, to_id) = (id(from).await, id(to).await);
+    let setslot = |i: usize, how: &'static str, node: String| {
+        let port = cluster.ports[i];
+        async move {
+            let _: () = redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(slot)
+                .arg(how)
+                .arg(node)
+                .query_async(&mut direct(port).await)
+                .await
+                .unwrap();
+        }
+    };
+    setslot(to, "IMPORTING", from_id.clone()).await;
+    setslot(from, "MIGRATING", to_id.clone()).await;
+    let keys: Vec<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(100)
+        .query_async(&mut direct(cluster.ports[from]).await)
+        .await
+        .unwrap();
+    assert!(keys.contains(&name), "the lock's keys: {keys:?}");
+    let _: () = redis::cmd("MIGRATE")
+        .arg("127.0.0.1")
+        .arg(cluster.ports[to])
+        .arg("")
+        .arg(0)
+        .arg(5000)
+        .arg("KEYS")
+        .arg(&keys)
+        .query_async(&mut direct(cluster.ports[from]).await)
+        .await
+        .unwrap();
+    for i in 0..3 {
+        setslot(i, "NODE", to_id.clone()).await;
+    }
+    // Several renewal periods and more than a TTL after the move.
+    tokio::time::sleep(ttl * 2).await;
+    assert!(
+        moving.is_valid(),
+        "the hold whose slot moved was lost: {:?}",
+        moving.lease().lost_reason()
+    );
+    assert!(staying.is_valid(), "the other hold was lost");
+    let left: i64 = redis::cmd("PTTL")
+        .arg(&name)
+        .query_async(&mut direct(cluster.ports[to]).await)
+        .await
+        .unwrap();
+    assert!(
+        left > 0,
+        "the lock's key on the node its slot moved to: PTTL {left}"
+    );
+    moving.release().await.unwrap();
+    staying.release().await.unwrap();
+}
