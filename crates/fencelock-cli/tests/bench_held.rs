@@ -28,4 +28,5 @@ fn held_locks_are_renewed_and_reported() {
         "{line}"
     );
     assert!(line["rss_bytes_per_lock"].is_u64(), "{line}");
+    assert!(line["rss_trimmed_bytes_per_lock"].is_u64(), "{line}");
 }

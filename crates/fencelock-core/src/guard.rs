@@ -4,7 +4,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -64,7 +63,48 @@ pub(crate) struct LeaseState {
     pub(crate) backend: &'static str,
 }
 
-pub(crate) type StateCell = Arc<watch::Sender<LeaseState>>;
+pub(crate) type StateCell = Arc<LeaseCell>;
+
+/// One lease's state, shared by its guard, its [`Lease`] views and the
+/// watchdog: a lock around the state and a wake-up for [`Lease::lost`]
+/// (a `watch` channel did the same at three times the memory, which counts
+/// when a service holds 10,000 locks).
+pub(crate) struct LeaseCell {
+    state: crate::sync::Mutex<LeaseState>,
+    changed: tokio::sync::Notify,
+}
+
+impl LeaseCell {
+    pub(crate) fn new(state: LeaseState) -> Self {
+        LeaseCell {
+            state: crate::sync::Mutex::new(state),
+            changed: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// The state, locked: read it and let go (never hold it across a change).
+    pub(crate) fn borrow(&self) -> crate::sync::MutexGuard<'_, LeaseState> {
+        crate::sync::lock(&self.state)
+    }
+
+    /// Changes the state with `change`, which says whether it changed
+    /// anything; waiters of [`Lease::lost`] are woken if so.
+    pub(crate) fn send_if_modified(&self, change: impl FnOnce(&mut LeaseState) -> bool) -> bool {
+        let changed = change(&mut crate::sync::lock(&self.state));
+        if changed {
+            self.changed.notify_waiters();
+        }
+        changed
+    }
+
+    /// Changes the state with `change` and wakes the waiters.
+    pub(crate) fn send_modify(&self, change: impl FnOnce(&mut LeaseState)) {
+        self.send_if_modified(|s| {
+            change(s);
+            true
+        });
+    }
+}
 
 /// The clock-drift allowance subtracted from every lease: 1 % of the TTL plus
 /// 2 ms (the Redlock paper's rule). A hold is trusted only until
@@ -90,7 +130,7 @@ pub(crate) fn validity_deadline(start: Instant, ttl: Duration) -> Instant {
 
 /// If the deadline passed (at `now`) and the lease is not yet lost, marks it lost
 /// with its `on_expiry` reason. Returns whether it did.
-pub(crate) fn expire_if_due(state: &watch::Sender<LeaseState>, now: Instant) -> bool {
+pub(crate) fn expire_if_due(state: &LeaseCell, now: Instant) -> bool {
     state.send_if_modified(|s| {
         if s.lost.is_none() && now >= s.deadline {
             crate::telemetry::lost(s.backend, &s.on_expiry);
@@ -103,7 +143,7 @@ pub(crate) fn expire_if_due(state: &watch::Sender<LeaseState>, now: Instant) -> 
 }
 
 /// Marks the lease lost with `reason` unless it already is; returns whether it changed.
-pub(crate) fn mark_lost(state: &watch::Sender<LeaseState>, reason: LostReason) -> bool {
+pub(crate) fn mark_lost(state: &LeaseCell, reason: LostReason) -> bool {
     state.send_if_modified(|s| {
         if s.lost.is_some() {
             return false;
@@ -206,21 +246,21 @@ impl Lease {
         let state = self.state.clone();
         let key = self.key.to_string();
         async move {
-            let mut rx = state.subscribe();
             loop {
+                // Registered before the state is read: a change after the
+                // read still wakes this wait.
+                let changed = state.changed.notified();
+                let mut changed = std::pin::pin!(changed);
+                changed.as_mut().enable();
                 let (deadline, lost) = {
-                    let s = rx.borrow_and_update();
+                    let s = state.borrow();
                     (s.deadline, s.lost.clone())
                 };
                 if let Some(reason) = lost {
                     return Error::Lost { key, reason };
                 }
                 tokio::select! {
-                    // The sender lives in this future (`state`), so `changed` only
-                    // fails if that invariant breaks; then the deadline decides.
-                    r = rx.changed() => if r.is_err() {
-                        crate::sync::sleep_until(deadline).await;
-                    },
+                    () = changed => {}
                     _ = crate::sync::sleep_until(deadline) => {
                         expire_if_due(&state, Instant::now());
                     }
@@ -270,7 +310,7 @@ impl fmt::Debug for Lease {
 #[must_use = "the lock is released as soon as the guard is dropped"]
 pub struct Guard {
     shared: Arc<Shared>,
-    lease_ref: LeaseRef,
+    lease_ref: Arc<LeaseRef>,
     lease: Lease,
     holds: u32,
     /// Watchdog registration id; `None` for fixed leases.
@@ -284,7 +324,7 @@ pub struct Guard {
 impl Guard {
     pub(crate) fn new(
         shared: Arc<Shared>,
-        lease_ref: LeaseRef,
+        lease_ref: Arc<LeaseRef>,
         state: StateCell,
         holds: u32,
         watchdog_id: Option<u64>,
@@ -416,7 +456,7 @@ impl Guard {
     pub fn leak(mut self) -> LeaseRef {
         self.done = true;
         self.stop_renewing();
-        self.lease_ref.clone()
+        LeaseRef::clone(&self.lease_ref)
     }
 
     /// Releases, handing an exclusive lock straight to this locker's next
@@ -451,7 +491,10 @@ impl Drop for Guard {
         crate::telemetry::hold(self.shared.backend.name(), self.acquired_at.elapsed());
         self.stop_renewing();
         // Non-blocking: the Locker's background task performs the release.
-        let _ = self.shared.drops.send(DropRelease(self.lease_ref.clone()));
+        let _ = self
+            .shared
+            .drops
+            .send(DropRelease(LeaseRef::clone(&self.lease_ref)));
     }
 }
 

@@ -5,14 +5,14 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::backend::{Backend, Grant, LeaseRef, LockInfo, Renewal, Request};
 use crate::capabilities::Capabilities;
 use crate::error::{Error, Result};
-use crate::guard::{Guard, Lease, LeaseState, LostReason, validity_deadline};
+use crate::guard::{Guard, Lease, LeaseCell, LeaseState, LostReason, validity_deadline};
 use crate::key::{Key, Owner};
 use crate::line::{Lines, acquire_in_line};
 use crate::mode::Mode;
@@ -211,8 +211,9 @@ impl Locker {
     /// Builds the guard for a grant: computes its validity and registers it with
     /// the watchdog unless the lease is fixed.
     pub(crate) fn guard_for(&self, req: &Request, grant: Grant, opts: &LockOptions) -> Guard {
-        let lease_ref = LeaseRef::new(req, &grant);
-        let state = Arc::new(watch::Sender::new(LeaseState {
+        // One copy, shared by the guard and its watchdog registration.
+        let lease_ref = Arc::new(LeaseRef::new(req, &grant));
+        let state = Arc::new(LeaseCell::new(LeaseState {
             deadline: validity_deadline(grant.requested_at, grant.ttl),
             lost: None,
             on_expiry: LostReason::Expired,

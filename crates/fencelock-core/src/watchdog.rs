@@ -29,7 +29,7 @@ pub(crate) struct DropRelease(pub(crate) LeaseRef);
 
 /// One hold to keep alive.
 pub(crate) struct Registration {
-    pub(crate) lease: LeaseRef,
+    pub(crate) lease: Arc<LeaseRef>,
     pub(crate) state: StateCell,
     /// When the next renewal is due.
     pub(crate) next_renew: Instant,
@@ -219,7 +219,7 @@ impl Batch {
     fn add(&mut self, id: u64, e: &Registration) {
         let deadline = e.state.borrow().deadline;
         self.ids.push(id);
-        self.leases.push(e.lease.clone());
+        self.leases.push(LeaseRef::clone(&e.lease));
         self.limit = Some(self.limit.map_or(deadline, |l| l.min(deadline)));
     }
 }
