@@ -174,31 +174,5 @@ async fn fifty_waiters_one_wake_up_per_release() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn more_held_locks_than_a_transaction_takes_are_all_renewed() {
     let locker = Locker::new(EtcdBackend::connect(SHARED).await.unwrap());
-    let base = unique_key("many");
-    let mut guards = Vec::new();
-    for i in 0..300 {
-        let g = locker
-            .lock(format!("{base}/{i}"))
-            .ttl(Duration::from_secs(3))
-            .acquire()
-            .await
-            .unwrap();
-        guards.push(g);
-    }
-    // Past the TTL: only renewals keep them.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let lost: Vec<_> = guards
-        .iter()
-        .filter(|g| !g.is_valid())
-        .map(|g| (g.key().to_string(), g.lease().lost_reason()))
-        .collect();
-    assert!(
-        lost.is_empty(),
-        "{} of 300 lost, e.g. {:?}",
-        lost.len(),
-        lost.first()
-    );
-    for g in guards {
-        g.release().await.unwrap();
-    }
+    fencelock_testkit::faults::many_held_locks_are_all_renewed(&locker, 300).await;
 }

@@ -80,8 +80,9 @@ const NAME: &str = "memcached";
 pub const DRIVER: fencelock_core::backend::Driver =
     fencelock_core::driver!(NAME, ["memcached"], MemcachedBackend::connect);
 
-/// Leases renewed per batch: two round trips per this many.
-const RENEW_BATCH: usize = 100;
+/// Leases renewed per batch: two round trips (a pipelined read, a pipeline
+/// of writes) per this many, one per 100 leases.
+const RENEW_BATCH: usize = 200;
 
 /// The longest relative expiry memcached accepts (larger numbers are Unix times).
 const MAX_EXPIRY_SECS: u64 = 30 * 24 * 3600;

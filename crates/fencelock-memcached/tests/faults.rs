@@ -146,3 +146,15 @@ async fn a_holder_from_before_a_restart_never_touches_the_next_owners_item() {
     assert!(gb.is_valid());
     gb.release().await.unwrap();
 }
+
+/// Renewal goes 200 leases at a time (a pipelined read, a pipeline of CAS
+/// writes): three batches, the last one partial.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_held_locks_than_a_renewal_batch_are_all_renewed() {
+    let locker = Locker::new(
+        MemcachedBackend::connect("memcached://127.0.0.1:11211")
+            .await
+            .unwrap(),
+    );
+    fencelock_testkit::faults::many_held_locks_are_all_renewed(&locker, 450).await;
+}

@@ -171,11 +171,6 @@ fn renewal(lease: &LeaseRef, held: bool) -> Renewal {
     }
 }
 
-/// Leases renewed per script call on one server (Redisson renews 100 locks
-/// per call too): at 10,000 held locks one script for all ran ~100 ms on the
-/// server, and a script blocks every other client while it runs.
-const RENEW_BATCH: usize = 100;
-
 /// A waiter's place in a key's queue: left when the wait ends without a grant,
 /// also when the wait is cancelled (then by a spawned task).
 struct InQueue {
@@ -611,14 +606,14 @@ impl RedisBackend {
         Some(map)
     }
 
-    /// Renews on one server: a script call per [`RENEW_BATCH`] leases, sent
-    /// together on the multiplexed connection (one round trip), so that no
-    /// single script holds the server for long (Redis runs a script alone).
+    /// Renews on one server: a script call per [`node::RENEW_BATCH`] leases,
+    /// sent together (see [`Node::renew`]); a batch not answered leaves its
+    /// leases unknown, not the others.
     async fn renew_in_batches(&self, leases: &[LeaseRef]) -> Result<Vec<Renewal>> {
         let node = self.node();
         let batches = futures::future::join_all(
             leases
-                .chunks(RENEW_BATCH)
+                .chunks(node::RENEW_BATCH)
                 .map(|batch| async move { (batch, node.renew(batch).await) }),
         )
         .await;

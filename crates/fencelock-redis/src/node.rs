@@ -15,6 +15,9 @@ use crate::options::{RedisOptions, Target};
 use crate::scripts;
 use crate::subs::{Subscriptions, Watch};
 
+/// Leases renewed per script call (Redisson renews 100 locks per call too).
+pub(crate) const RENEW_BATCH: usize = 100;
+
 pub(crate) const NAME: &str = "redis";
 
 /// The Redis keys of one lock.
@@ -308,7 +311,22 @@ impl Node {
 
     /// Renews `leases` in one script; `true` per lease whose own grant (its
     /// handle, the grant's op) is still held.
+    /// Renews `leases`: whether each is still held. A script call per
+    /// [`RENEW_BATCH`] leases, sent together on the multiplexed connection
+    /// (one round trip), so that no single script holds the server for long
+    /// (Redis runs a script alone; one for 10,000 leases ran ~100 ms).
+    ///
+    /// # Errors
+    ///
+    /// When a call is not answered (none of the answers is then used).
     pub(crate) async fn renew(&self, leases: &[LeaseRef]) -> Result<Vec<bool>> {
+        let batches =
+            futures::future::try_join_all(leases.chunks(RENEW_BATCH).map(|b| self.renew_batch(b)))
+                .await?;
+        Ok(batches.into_iter().flatten().collect())
+    }
+
+    async fn renew_batch(&self, leases: &[LeaseRef]) -> Result<Vec<bool>> {
         let mut inv = scripts::RENEW.call();
         for lease in leases {
             let k = self.keys(&lease.key);

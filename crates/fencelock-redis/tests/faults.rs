@@ -550,3 +550,10 @@ async fn an_uncontended_cycle_is_one_script_each_way() {
         "100 uncontended cycles ran {scripts} scripts, not one per acquire and one per release"
     );
 }
+
+/// Renewal goes 100 leases per script call: three calls, the last one partial.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_held_locks_than_a_renewal_batch_are_all_renewed() {
+    let locker = Locker::new(RedisBackend::connect(SHARED).await.unwrap());
+    fencelock_testkit::faults::many_held_locks_are_all_renewed(&locker, 450).await;
+}
