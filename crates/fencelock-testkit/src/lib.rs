@@ -66,7 +66,6 @@ macro_rules! conformance_tests {
             dropped_guard_is_released
             tokens_increase_across_holders
             reentrant_holds_count
-            reentry_after_a_stolen_hold_is_a_new_hold
             mixed_ttl_reentrant_holds_keep_the_longest
             a_grant_after_a_wait_longer_than_the_ttl_is_held
             repeated_request_is_idempotent

@@ -55,38 +55,6 @@ pub(super) async fn reentrant_holds_count(cx: &Ctx) -> CaseResult {
     Ok(())
 }
 
-/// Re-entering a hold that was taken away (a steal, an expired session) must
-/// not hand the old hold back: the backend takes the lock anew.
-pub(super) async fn reentry_after_a_stolen_hold_is_a_new_hold(cx: &Ctx) -> CaseResult {
-    let (a, b) = (cx.locker().await?, cx.locker().await?);
-    let key = cx.key("k");
-    let owner = "reentry-owner";
-    let g1 = a.lock(&key).owner(owner).ttl(cx.ttl).acquire().await?;
-    cx.harness.steal(&Key::new(&key)?).await?;
-    let g2 = a
-        .lock(&key)
-        .owner(owner)
-        .ttl(cx.ttl)
-        .wait(cx.soon())
-        .acquire()
-        .await?;
-    if cx.caps.fencing {
-        ensure!(
-            g2.token() > g1.token(),
-            "re-entry after the hold was stolen got token {:?}, the lost hold had {:?}",
-            g2.token(),
-            g1.token()
-        );
-    }
-    ensure!(
-        b.lock(&key).try_acquire().await?.is_none(),
-        "re-entry after the hold was stolen granted a lock that nobody holds"
-    );
-    g2.release().await?;
-    let _ = g1.release().await;
-    Ok(())
-}
-
 /// A waiter that waited (in the server, or in a queue) for longer than its
 /// TTL must be valid on arrival, and stay valid while renewed: its lease
 /// counts from when the backend granted it, not from when it started to wait.

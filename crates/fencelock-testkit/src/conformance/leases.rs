@@ -203,7 +203,8 @@ pub(super) async fn run_cancels_closure_on_lost(cx: &Ctx) -> CaseResult {
 
 /// An owner name is not a hold: when an operator breaks a hold taken with an
 /// explicit owner and that owner takes the key again (a restarted process
-/// that names itself by host, or the same process), the first guard must find
+/// that names itself by host, or the same process, whose reentrant acquire
+/// must then make a new hold, with a larger token), the first guard must find
 /// its lease lost and its release must leave the new hold alone — renewals
 /// and releases match the grant, not the owner's name.
 pub(super) async fn a_stale_guard_of_the_same_owner_leaves_the_new_hold_alone(

@@ -287,7 +287,6 @@ fn all_cases() -> Vec<Case> {
         dropped_guard_is_released: always,
         tokens_increase_across_holders: needs_fencing,
         reentrant_holds_count: needs_reentrant,
-        reentry_after_a_stolen_hold_is_a_new_hold: needs_reentrant,
         mixed_ttl_reentrant_holds_keep_the_longest: needs_reentrant_ttl,
         a_grant_after_a_wait_longer_than_the_ttl_is_held: needs_ttl,
         repeated_request_is_idempotent: always,
