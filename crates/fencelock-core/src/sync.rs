@@ -18,12 +18,12 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 #[cfg(not(shuttle))]
-pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize};
+pub(crate) use std::sync::atomic::AtomicU64;
 #[cfg(not(shuttle))]
 pub(crate) use std::sync::{Mutex, MutexGuard};
 
 #[cfg(shuttle)]
-pub(crate) use ::shuttle::sync::atomic::{AtomicU64, AtomicUsize};
+pub(crate) use ::shuttle::sync::atomic::AtomicU64;
 #[cfg(shuttle)]
 pub(crate) use ::shuttle::sync::{Mutex, MutexGuard};
 

@@ -37,16 +37,15 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::backend::{Backend, Request};
 use crate::key::Key;
-use crate::sync::{AtomicUsize, Mutex, lock, sleep_until};
 #[cfg(shuttle)]
 use crate::sync::{Mutation, mutated};
+use crate::sync::{Mutex, lock, sleep_until};
 
 mod handoff;
 mod head;
@@ -63,7 +62,17 @@ pub(crate) const MAX_HANDOFFS: u32 = 16;
 
 #[derive(Default)]
 pub(crate) struct Lines {
-    lines: Mutex<HashMap<Key, Arc<Line>>>,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// The lines of the keys somebody waits for.
+    lines: HashMap<Key, Arc<Line>>,
+    /// How many guards of this locker hold each key through a line. Kept
+    /// apart from the lines: a held key nobody waits for keeps no line (a
+    /// line costs ~250 bytes, which counts at 10,000 held locks).
+    holders: HashMap<Key, usize>,
 }
 
 struct Line {
@@ -72,9 +81,8 @@ struct Line {
     /// The waiters' offers, in arrival order (the order of the permit).
     waiters: Mutex<VecDeque<Arc<Offer>>>,
     handoffs_in_a_row: Mutex<u32>,
-    /// Guards of this locker that hold the key through this line.
-    holders: AtomicUsize,
-    /// Fired when one of those guards is gone (released, dropped, leaked).
+    /// Fired when a guard that held the key through a line is gone
+    /// (released, dropped, leaked).
     holder_gone: Notify,
 }
 
@@ -92,7 +100,6 @@ pub(crate) struct Turn<'a> {
 pub(crate) struct LineHold {
     lines: Arc<Lines>,
     key: Key,
-    line: Arc<Line>,
     /// Handed to the next waiter, who carries the hold on: nothing to count down.
     handed_on: bool,
 }
@@ -113,14 +120,14 @@ impl Lines {
         backend: &Arc<dyn Backend>,
         deadline: Option<Instant>,
     ) -> Turn<'_> {
-        let line = lock(&self.lines)
+        let line = lock(&self.state)
+            .lines
             .entry(key.clone())
             .or_insert_with(|| {
                 Arc::new(Line {
                     turn: Arc::new(Semaphore::new(1)),
                     waiters: Mutex::new(VecDeque::new()),
                     handoffs_in_a_row: Mutex::new(0),
-                    holders: AtomicUsize::new(0),
                     holder_gone: Notify::new(),
                 })
             })
@@ -156,7 +163,7 @@ impl Lines {
     /// line has handed off [`MAX_HANDOFFS`] times in a row (then the streak
     /// resets and the caller releases plainly).
     pub(crate) fn take_offer(&self, key: &Key) -> Option<Arc<Offer>> {
-        let line = lock(&self.lines).get(key)?.clone();
+        let line = lock(&self.state).lines.get(key)?.clone();
         let mut in_a_row = lock(&line.handoffs_in_a_row);
         if *in_a_row >= MAX_HANDOFFS {
             *in_a_row = 0;
@@ -172,7 +179,7 @@ impl Lines {
 
     /// Notes a plain release of `key` (the handoff streak ends).
     pub(crate) fn released_plainly(&self, key: &Key) {
-        if let Some(line) = lock(&self.lines).get(key) {
+        if let Some(line) = lock(&self.state).lines.get(key) {
             *lock(&line.handoffs_in_a_row) = 0;
         }
     }
@@ -180,29 +187,72 @@ impl Lines {
     /// Every line kept: its key, how many wait in it and how many local
     /// guards hold through it (for tests: both return to zero and the line
     /// is forgotten when everyone is gone).
-    #[cfg(all(test, shuttle))]
+    #[cfg(test)]
     pub(crate) fn census(&self) -> Vec<(Key, usize, usize)> {
-        lock(&self.lines)
+        let s = lock(&self.state);
+        let mut out: Vec<(Key, usize, usize)> = s
+            .lines
             .iter()
             .map(|(k, l)| {
-                (
-                    k.clone(),
-                    lock(&l.waiters).len(),
-                    l.holders.load(Ordering::SeqCst),
-                )
+                let holders = s.holders.get(k).copied().unwrap_or(0);
+                (k.clone(), lock(&l.waiters).len(), holders)
             })
-            .collect()
+            .collect();
+        for (k, n) in &s.holders {
+            if !s.lines.contains_key(k) {
+                out.push((k.clone(), 0, *n));
+            }
+        }
+        out
     }
 
-    /// Forgets `line` if nobody waits or holds (only the map and `refs` other
+    /// Forgets `line` if nobody waits in it (only the map and `refs` other
     /// references remain).
     fn forget_if_idle(&self, key: &Key, line: &Arc<Line>, refs: usize) {
-        let mut lines = lock(&self.lines);
+        let mut s = lock(&self.state);
         if Arc::strong_count(line) == refs + 1
-            && line.holders.load(Ordering::SeqCst) == 0
-            && lines.get(key).is_some_and(|l| Arc::ptr_eq(l, line))
+            && s.lines.get(key).is_some_and(|l| Arc::ptr_eq(l, line))
         {
-            lines.remove(key);
+            s.lines.remove(key);
+        }
+    }
+
+    /// How many guards of this locker hold `key` through a line.
+    fn holders(&self, key: &Key) -> usize {
+        lock(&self.state).holders.get(key).copied().unwrap_or(0)
+    }
+
+    /// One more guard holds `key` through a line.
+    fn add_holder(&self, key: &Key) {
+        *lock(&self.state).holders.entry(key.clone()).or_default() += 1;
+    }
+
+    /// A guard that held `key` through a line is gone: one fewer, and the
+    /// head of the key's line (if anybody waits) wakes to look.
+    fn remove_holder(&self, key: &Key) {
+        let line = {
+            let mut s = lock(&self.state);
+            if let Some(n) = s.holders.get_mut(key) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    s.holders.remove(key);
+                }
+            }
+            s.lines.get(key).cloned()
+        };
+        if let Some(line) = line {
+            line.holder_gone.notify_waiters();
+        }
+        self.forget_idle(key);
+    }
+
+    /// Forgets `key`'s line if nobody refers to it but the map: a last waiter
+    /// that left while another reference was briefly taken (a handoff's
+    /// look for an offer, a holder's wake-up call) could not.
+    fn forget_idle(&self, key: &Key) {
+        let mut s = lock(&self.state);
+        if s.lines.get(key).is_some_and(|l| Arc::strong_count(l) == 1) {
+            s.lines.remove(key);
         }
     }
 }
@@ -220,7 +270,7 @@ impl Turn<'_> {
 
     /// How many guards of this locker hold the key through this line.
     pub(crate) fn local_holders(&self) -> usize {
-        self.line.holders.load(Ordering::SeqCst)
+        self.lines.holders(&self.key)
     }
 
     /// Resolves when a local holder is gone. Enable it before checking
@@ -234,12 +284,11 @@ impl Turn<'_> {
     /// local holders does not change, so no waiter wakes for nothing).
     pub(crate) fn hold(&self, lines: &Arc<Lines>, handed: bool) -> LineHold {
         if !handed {
-            self.line.holders.fetch_add(1, Ordering::SeqCst);
+            self.lines.add_holder(&self.key);
         }
         LineHold {
             lines: lines.clone(),
             key: self.key.clone(),
-            line: self.line.clone(),
             handed_on: false,
         }
     }
@@ -255,11 +304,10 @@ impl Drop for Turn<'_> {
         #[cfg(not(shuttle))]
         let keep_count = false;
         if self.offer.abandon_on_drop() && !keep_count {
-            self.line.holders.fetch_sub(1, Ordering::SeqCst);
-            self.line.holder_gone.notify_waiters();
+            self.lines.remove_holder(&self.key);
         }
         self.permit.take();
-        // Forgotten unless others wait or hold (the map and this turn refer to it).
+        // Forgotten unless others wait (the map and this turn refer to it).
         self.lines.forget_if_idle(&self.key, &self.line, 1);
     }
 }
@@ -273,10 +321,10 @@ impl LineHold {
 
 impl Drop for LineHold {
     fn drop(&mut self) {
-        if !self.handed_on {
-            self.line.holders.fetch_sub(1, Ordering::SeqCst);
-            self.line.holder_gone.notify_waiters();
+        if self.handed_on {
+            self.lines.forget_idle(&self.key);
+        } else {
+            self.lines.remove_holder(&self.key);
         }
-        self.lines.forget_if_idle(&self.key, &self.line, 1);
     }
 }
