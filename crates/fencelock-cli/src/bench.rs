@@ -393,7 +393,7 @@ pub async fn bench(args: BenchArgs) -> u8 {
     for r in results.iter().filter(|r| r.scenario == "held") {
         if let Some(x) = &r.extra {
             t.push_str(&format!(
-                "{} held: {} locks through {} renewal ticks: {} renew calls per tick ({} per 100 locks), {} ms per tick, {} bytes of RSS per lock ({} after returning freed memory), {} lost\n",
+                "{} held: {} locks through {} renewal ticks: {} renew calls per tick ({} per 100 locks), {} ms per tick, {} bytes of RSS per lock ({} after returning freed memory, {} live on the heap), {} lost\n",
                 r.backend,
                 x["locks"],
                 x["renew_ticks"],
@@ -402,6 +402,7 @@ pub async fn bench(args: BenchArgs) -> u8 {
                 x["renew_ms_per_tick"],
                 x["rss_bytes_per_lock"],
                 x["rss_trimmed_bytes_per_lock"],
+                x["heap_bytes_per_lock"],
                 x["lost"]
             ));
         }

@@ -133,6 +133,14 @@ fn trim_heap() {
     }
 }
 
+/// The bytes live on the heap, when the build counts them (feature `heap-count`).
+fn heap_bytes() -> Option<u64> {
+    #[cfg(feature = "heap-count")]
+    return Some(crate::heap_count::live_bytes() as u64);
+    #[cfg(not(feature = "heap-count"))]
+    None
+}
+
 /// The process's resident memory, in bytes (Linux: `/proc/self/status`).
 fn rss_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -241,10 +249,10 @@ pub async fn run(url: &str, args: &BenchArgs, run_id: &str) -> Result<RunResult>
     let name = locker.backend().name().to_string();
     let prefix = format!("bench/{run_id}/held/");
     trim_heap();
-    let before = rss_bytes();
+    let (before, heap_before) = (rss_bytes(), heap_bytes());
     let (guards, mut lat, mut errors, secs) =
         take_all(&locker, &prefix, args.locks, args.workers).await;
-    let after = rss_bytes();
+    let (after, heap_after) = (rss_bytes(), heap_bytes());
     trim_heap();
     let trimmed = rss_bytes();
     let (calls0, leases0, busy0) = stats.snapshot();
@@ -272,6 +280,7 @@ pub async fn run(url: &str, args: &BenchArgs, run_id: &str) -> Result<RunResult>
         "renew_ms_per_tick": (per_tick(busy1 - busy0) / 1e4).round() / 100.0,
         "rss_bytes_per_lock": per_lock(before, after),
         "rss_trimmed_bytes_per_lock": per_lock(before, trimmed),
+        "heap_bytes_per_lock": per_lock(heap_before, heap_after),
         "lost": lost,
     });
     Ok(RunResult {

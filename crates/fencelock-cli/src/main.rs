@@ -6,6 +6,8 @@ mod bench_procs;
 mod cli;
 mod demo;
 mod exit;
+#[cfg(feature = "heap-count")]
+mod heap_count;
 mod inspect;
 mod plot;
 mod process_tree;
@@ -20,6 +22,10 @@ use clap::error::ErrorKind;
 use clap::{CommandFactory, FromArgMatches};
 
 use crate::cli::{Cli, Command};
+
+#[cfg(feature = "heap-count")]
+#[global_allocator]
+static ALLOC: heap_count::CountingAlloc = heap_count::CountingAlloc;
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()

@@ -29,4 +29,10 @@ fn held_locks_are_renewed_and_reported() {
     );
     assert!(line["rss_bytes_per_lock"].is_u64(), "{line}");
     assert!(line["rss_trimmed_bytes_per_lock"].is_u64(), "{line}");
+    // Counted only by a build with the `heap-count` feature.
+    assert_eq!(
+        line["heap_bytes_per_lock"].is_u64(),
+        cfg!(feature = "heap-count"),
+        "{line}"
+    );
 }
