@@ -172,11 +172,14 @@ fn renewal(lease: &LeaseRef, held: bool) -> Renewal {
 }
 
 /// A waiter's place in a key's queue: left when the wait ends without a grant,
-/// also when the wait is cancelled (then by a spawned task).
+/// also when the wait is cancelled (then by a spawned task). Leaving also
+/// takes back a hold handed to the wait (`wait`) where it stood and not taken
+/// up, passing the lock on.
 struct InQueue {
     backend: Option<RedisBackend>,
     key: Key,
     owner: String,
+    wait: Option<Op>,
 }
 
 impl InQueue {
@@ -189,7 +192,10 @@ impl InQueue {
         if let Some(b) = &self.backend {
             // Best effort: a place that is not left lapses by itself. (If this
             // is cancelled, `Drop` tries again.)
-            let _ = b.node().leave_queue(&self.key, &self.owner).await;
+            let _ = b
+                .node()
+                .leave_queue(&self.key, &self.owner, self.wait.as_ref())
+                .await;
         }
         self.backend = None;
     }
@@ -200,9 +206,13 @@ impl Drop for InQueue {
         if let Some(b) = self.backend.take()
             && let Ok(h) = tokio::runtime::Handle::try_current()
         {
-            let (key, owner) = (self.key.clone(), std::mem::take(&mut self.owner));
+            let (key, owner, wait) = (
+                self.key.clone(),
+                std::mem::take(&mut self.owner),
+                self.wait.take(),
+            );
             h.spawn(async move {
-                let _ = b.node().leave_queue(&key, &owner).await;
+                let _ = b.node().leave_queue(&key, &owner, wait.as_ref()).await;
             });
         }
     }
@@ -348,33 +358,47 @@ impl RedisBackend {
     }
 
     /// One acquire attempt as its own op: the grant, or how long the first
-    /// holder has left. The op is undone if the caller drops it before the
-    /// outcome (including the replicas' acknowledgement) is known, or if it
-    /// fails (then it may have run).
+    /// holder has left; also the op and when it was sent. The op is undone if
+    /// the caller drops it before the outcome (including the replicas'
+    /// acknowledgement) is known, or if it fails (then it may have run). With
+    /// `wait`, a refused request can be handed the lock where it stands in
+    /// the queue, and a hold so handed is found and taken up (its grant is
+    /// the wait's op; its expiry was raised to at least now + TTL).
     async fn attempt(
         &self,
         req: &Request,
         queue: Duration,
-    ) -> Result<std::result::Result<Grant, Duration>> {
+        wait: Option<&Op>,
+    ) -> Result<(std::result::Result<Grant, Duration>, Op, Instant)> {
         let pending = Pending::new(self, req);
         let requested_at = Instant::now();
-        match self
+        let attempt = self
             .node()
-            .attempt(req, 0, queue, &pending.op, false)
-            .await?
-        {
-            Attempt::Granted { token, holds, .. } => {
-                self.confirm_replicas(&req.key, req.owner.as_str(), &pending.op)
+            .attempt(req, 0, queue, &pending.op, false, wait)
+            .await?;
+        let op = pending.op.clone();
+        match attempt {
+            Attempt::Granted {
+                token,
+                holds,
+                by_wait,
+                ..
+            } => {
+                let grant_op = match wait {
+                    Some(w) if by_wait => w,
+                    _ => &pending.op,
+                };
+                self.confirm_replicas(&req.key, req.owner.as_str(), grant_op)
                     .await?;
                 let grant =
                     Grant::new(Some(FencingToken::new(token)), req.ttl, holds, requested_at)
-                        .with_handle(pending.op.as_str());
+                        .with_handle(grant_op.as_str());
                 pending.settle();
-                Ok(Ok(grant))
+                Ok((Ok(grant), op, requested_at))
             }
             Attempt::Busy { left, .. } => {
                 pending.settle();
-                Ok(Err(left))
+                Ok((Err(left), op, requested_at))
             }
         }
     }
@@ -670,7 +694,7 @@ impl Backend for RedisBackend {
     }
 
     async fn try_acquire(&self, req: &Request) -> Result<Option<Grant>> {
-        Ok(self.attempt(req, Duration::ZERO).await?.ok())
+        Ok(self.attempt(req, Duration::ZERO, None).await?.0.ok())
     }
 
     async fn acquire(&self, req: &Request, deadline: Option<Instant>) -> Result<Option<Grant>> {
@@ -681,32 +705,88 @@ impl Backend for RedisBackend {
         } else {
             QUEUE_PLACE
         };
+        let queued = queue > Duration::ZERO && req.mode == fencelock_core::Mode::Exclusive;
+        // A waiter in the queue can be handed the lock where it stands, known
+        // by its wait op — unless grants must wait for replicas (`WAIT`
+        // covers the writes of the connection that sends it: the releaser's).
+        let wait = (queued && self.inner.options.wait_replicas == 0).then(|| self.node().op());
         // Set up before the first attempt, which may already stand in the queue.
         let in_queue = InQueue {
-            backend: (queue > Duration::ZERO && req.mode == fencelock_core::Mode::Exclusive)
-                .then(|| self.clone()),
+            backend: queued.then(|| self.clone()),
             key: req.key.clone(),
             owner: req.owner.to_string(),
+            wait: wait.clone(),
         };
-        // Uncontended: one round trip, no subscription.
-        if let Ok(grant) = self.attempt(req, queue).await? {
-            in_queue.granted();
-            return Ok(Some(grant));
-        }
-        let watch = self.node().watch(&req.key).await?;
+        // Listening already (a recent wait on this key): the first attempt
+        // may wait where it stands. Else one attempt before subscribing
+        // (uncontended: one round trip, no subscription); not yet listening
+        // for grants, it does not ask for one.
+        let (watch, handed) = match self
+            .node()
+            .watches_if_subscribed(&req.key, wait.as_ref())
+            .await
+        {
+            Some(w) => w,
+            None => {
+                if let (Ok(grant), ..) = self.attempt(req, queue, None).await? {
+                    in_queue.granted();
+                    return Ok(Some(grant));
+                }
+                let watch = self.node().watch(&req.key).await?;
+                let handed = match &wait {
+                    Some(w) => Some(self.node().expect_grant(w).await?),
+                    None => None,
+                };
+                (watch, handed)
+            }
+        };
+        // This wait's attempts (op, sent), the last few: a handed grant names
+        // the attempt it answered, whose send time starts the lease.
+        let mut asked: std::collections::VecDeque<(Op, Instant)> = Default::default();
+        let mut first_asked: Option<Instant> = None;
         loop {
+            if let Some((_, slot)) = &handed
+                && let Some(h) = slot.take()
+                && h.owner == req.owner.as_str()
+            {
+                // Sent before the grant ran: the earliest is safe when the
+                // named attempt is no longer known.
+                let sent = asked
+                    .iter()
+                    .find(|(op, _)| op.as_str() == h.attempt)
+                    .map(|(_, at)| *at)
+                    .or(first_asked);
+                // A message that comes too late to leave half the lease is
+                // not used: asking again finds the hold if it is still there.
+                if let Some(sent) = sent
+                    && sent + req.ttl / 2 > Instant::now()
+                    && let Some(w) = &wait
+                {
+                    in_queue.granted();
+                    return Ok(Some(
+                        Grant::new(Some(FencingToken::new(h.token)), req.ttl, 1, sent)
+                            .with_handle(w.as_str()),
+                    ));
+                }
+            }
             // Listen before asking, so a release between the answer and the wait
             // is not missed.
             let notified = watch.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let left = match self.attempt(req, queue).await? {
+            let (outcome, op, sent) = self.attempt(req, queue, wait.as_ref()).await?;
+            let left = match outcome {
                 Ok(grant) => {
                     in_queue.granted();
                     return Ok(Some(grant));
                 }
                 Err(left) => left,
             };
+            first_asked.get_or_insert(sent);
+            asked.push_back((op, sent));
+            if asked.len() > 4 {
+                asked.pop_front();
+            }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 in_queue.leave().await;
                 return Ok(None);
@@ -721,9 +801,22 @@ impl Backend for RedisBackend {
             if let Some(d) = deadline {
                 until = until.min(d);
             }
+            let arrived = async {
+                match &handed {
+                    Some((_, slot)) => slot.arrived().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = &mut notified => {}
+                _ = arrived => {}
                 _ = tokio::time::sleep_until(until) => {}
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                // Out of time: a hold handed to this wait meanwhile is taken
+                // back by leaving, and passed on.
+                in_queue.leave().await;
+                return Ok(None);
             }
         }
     }

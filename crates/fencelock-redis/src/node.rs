@@ -13,7 +13,7 @@ use redis::Value;
 use crate::conn::{Conn, map_err};
 use crate::options::{RedisOptions, Target};
 use crate::scripts;
-use crate::subs::{Subscriptions, Watch};
+use crate::subs::{GrantSlot, Subscriptions, Watch};
 
 /// Leases renewed per script call (Redisson renews 100 locks per call too).
 pub(crate) const RENEW_BATCH: usize = 100;
@@ -39,6 +39,9 @@ pub(crate) enum Attempt {
         holds: u32,
         /// The server's clock when it answered (µs since the epoch).
         server_us: u64,
+        /// The hold is the one a release handed to the wait op where it stood:
+        /// its grant is the wait op's, not this attempt's.
+        by_wait: bool,
     },
     Busy {
         left: Duration,
@@ -139,7 +142,9 @@ impl Node {
         } else {
             None
         };
-        let subs = Subscriptions::start(conn.clone(), rx);
+        let ops = OpIds::new();
+        let grant_channel = format!("{}grant:{}", options.prefix, ops.client);
+        let subs = Subscriptions::start(conn.clone(), rx, grant_channel);
         Ok(Node {
             conn,
             grants,
@@ -148,7 +153,7 @@ impl Node {
             prefix: options.prefix.clone(),
             mark_ms: mark_lifetime(options.response_timeout).as_millis() as u64,
             patience: options.response_timeout,
-            ops: OpIds::new(),
+            ops,
         })
     }
 
@@ -241,9 +246,11 @@ impl Node {
 
     /// One run of the acquire script as operation `op`; `proposal` floors a
     /// new token (0: none). A refused exclusive request stands in the key's
-    /// queue for `queue` (zero: it does not). With `behind`, an existing hold
-    /// of the owner whose token is below the key's fence answers a new token
-    /// (Redlock; see `scripts::ACQUIRE`).
+    /// queue for `queue` (zero: it does not), and with `wait` (the wait's op;
+    /// the caller listens on the grant channel) can be handed the lock where
+    /// it stands. With `behind`, an existing hold of the owner whose token is
+    /// below the key's fence answers a new token (Redlock; see
+    /// `scripts::ACQUIRE`).
     pub(crate) async fn attempt(
         &self,
         req: &Request,
@@ -251,6 +258,7 @@ impl Node {
         queue: Duration,
         op: &Op,
         behind: bool,
+        wait: Option<&Op>,
     ) -> Result<Attempt> {
         let k = self.keys(&req.key);
         let permits = match req.mode {
@@ -276,7 +284,13 @@ impl Node {
                     .arg(queue.as_millis() as u64)
                     .arg(op.as_str())
                     .arg(self.mark_ms)
-                    .arg(u8::from(behind)),
+                    .arg(u8::from(behind))
+                    .arg(wait.map_or("", Op::as_str))
+                    .arg(if wait.is_some() {
+                        self.subs.grant_channel()
+                    } else {
+                        ""
+                    }),
             )
             .await
             .map_err(|e| self.err(e))?;
@@ -287,6 +301,7 @@ impl Node {
                     token: token as u64,
                     holds: holds as u32,
                     server_us: at.max(0) as u64,
+                    by_wait: num(5) == Some(1),
                 }),
                 _ => Err(unexpected("acquire", &reply)),
             },
@@ -465,6 +480,9 @@ impl Node {
                         .key(&k.hash)
                         .key(&k.expiry)
                         .key(&mark)
+                        .key(&k.fence)
+                        .key(&k.queue)
+                        .key(&k.queue_lapse)
                         .arg(owner)
                         .arg(&k.channel)
                         .arg(self.mark_ms)
@@ -475,21 +493,34 @@ impl Node {
         Ok(undone == 1)
     }
 
-    /// Takes `owner` out of `key`'s queue of waiters.
-    pub(crate) async fn leave_queue(&self, key: &Key, owner: &str) -> Result<()> {
+    /// Takes `owner` out of `key`'s queue of waiters. With `wait` (the op of
+    /// a wait that could be handed the lock where it stood), marks that wait
+    /// given up and takes back a hold handed to it, passing the lock on.
+    /// Returns whether such a hold was taken back. Sent again on connection
+    /// trouble (a second run does nothing more).
+    pub(crate) async fn leave_queue(
+        &self,
+        key: &Key,
+        owner: &str,
+        wait: Option<&Op>,
+    ) -> Result<bool> {
         let k = self.keys(key);
-        self.conn
-            .invoke::<i64>(
-                scripts::LEAVE_QUEUE
-                    .key(&k.queue)
-                    .key(&k.queue_lapse)
-                    .key(&k.hash)
-                    .arg(owner)
-                    .arg(&k.channel),
-            )
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(())
+        let took: i64 = self
+            .resend(|| {
+                self.conn.invoke(
+                    scripts::LEAVE_QUEUE
+                        .key(&k.queue)
+                        .key(&k.queue_lapse)
+                        .key(&k.hash)
+                        .key(&k.fence)
+                        .arg(owner)
+                        .arg(&k.channel)
+                        .arg(wait.map_or("", Op::as_str))
+                        .arg(self.mark_ms),
+                )
+            })
+            .await?;
+        Ok(took == 1)
     }
 
     /// Deletes every hold of `key` and wakes its waiters; the fence stays.
@@ -543,6 +574,41 @@ impl Node {
     pub(crate) async fn watch(&self, key: &Key) -> Result<Watch> {
         let channel = self.keys(key).channel;
         self.subs.watch(&channel).await.map_err(|e| self.err(e))
+    }
+
+    /// Watches on the lock's channel and, with `wait_op`, the grant channel
+    /// (registering the wait), if they are subscribed already (a recent wait
+    /// here): no round trip. `None` if one is not.
+    pub(crate) async fn watches_if_subscribed(
+        &self,
+        key: &Key,
+        wait_op: Option<&Op>,
+    ) -> Option<(Watch, Option<(Watch, GrantSlot)>)> {
+        let lock = self
+            .subs
+            .watch_if_subscribed(&self.keys(key).channel)
+            .await?;
+        let grants = match wait_op {
+            Some(w) => Some((
+                self.subs
+                    .watch_if_subscribed(self.subs.grant_channel())
+                    .await?,
+                self.subs.expect_grant(w.as_str()),
+            )),
+            None => None,
+        };
+        Some((lock, grants))
+    }
+
+    /// Subscribes to the client's grant channel and registers wait `wait_op`,
+    /// so that a grant handed to it where it stands in a queue reaches it.
+    pub(crate) async fn expect_grant(&self, wait_op: &Op) -> Result<(Watch, GrantSlot)> {
+        let watch = self
+            .subs
+            .watch(self.subs.grant_channel())
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok((watch, self.subs.expect_grant(wait_op.as_str())))
     }
 
     pub(crate) async fn inspect(&self, key: &Key) -> Result<Option<LockInfo>> {

@@ -12,7 +12,9 @@
 //! | `P{k}:fence` | string | the last token; never expires |
 //! | `P{k}:q` | sorted set | exclusive waiters in the queue: `<owner>` → arrival (server µs) |
 //! | `P{k}:qe` | sorted set | the same waiters → when their place lapses (server ms) |
+//! | `P{k}:qd` | hash | the same waiters, those that can take a grant where they stand → `"<wait op> <attempt op> <ttl_ms> <channel>"` |
 //! | `P{k}:ch` | channel | `free` / `permit` when waiters may proceed |
+//! | `Pgrant:<client>` | channel | `g\t<owner>\t<wait op>\t<token>\t<attempt op>`: a grant handed to a waiter of that client where it stood |
 //! | `P{k}:op:<op>` | string | the outcome of operation `<op>`, kept briefly (see below) |
 //!
 //! The type of `P{k}` tells the mode at a glance (`TYPE`: none, string, hash),
@@ -64,14 +66,33 @@
 //! in `docs/SAFETY.md`.)
 //!
 //! The queue makes exclusive waiting fair across processes: while it is not
-//! empty, a free lock goes only to its first live waiter (a release PUBLISHes,
-//! every waiter asks, the first wins). A release that hands the lock to the
+//! empty, a free lock goes only to its first live waiter (handed to it where
+//! it stands, below; else a release PUBLISHes, every waiter asks, the first
+//! wins). A release that hands the lock to the
 //! next waiter of its own process (`next_owner`) does not free it; the core
 //! bounds such handoffs to 16 in a row, then releases plainly. A waiter keeps its place by asking
 //! again before its place lapses; one that died or gave up without leaving
 //! blocks the queue until then. Reentrant acquires skip it; shared and
 //! semaphore requests do not stand in it but are refused while anyone does, so
 //! a stream of readers cannot starve a waiting writer.
+//!
+//! # Grants where a waiter stands
+//!
+//! A waiter that subscribed to its client's grant channel asks with a *wait
+//! op* (one per wait) and that channel; its place then keeps its request
+//! (`P{k}:qd`: wait op, the attempt op that last asked, TTL, channel). When
+//! the lock is let go — a release, an undo, a leaving waiter's handed hold —
+//! and the first live waiter has such a request, the same script makes it the
+//! holder (new token, the wait op as the hold's grant, expiry now + its TTL)
+//! and publishes the grant on its channel (`hand_on`): the waiter starts on
+//! receipt, with no round trip of its own, and counts its lease from the send
+//! time of the attempt op the message names (that attempt ran before the
+//! grant). A lost or late message costs at most the waiter's next asking
+//! (within a second): its acquire finds the hold by its wait op and takes it
+//! up, raising the expiry to at least now + TTL. A waiter that gives up
+//! (`LEAVE_QUEUE`) marks its wait op undone and takes back a hold handed to
+//! it, passing the lock on; one that died holds the lock until its TTL runs
+//! out, then the next waiter's asking finds it free.
 //!
 //! # Tokens and expiry
 //!
@@ -284,8 +305,45 @@ local function without(gs, op)
   table.remove(gs, i)
   return gs, true
 end
+-- A waiter's request, kept beside its place (`Q .. 'd'`) when it can take a
+-- grant where it stands: `<wait op> <attempt op> <ttl_ms> <channel>`.
 local function unqueue(Q, QE, who)
-  if redis.call('ZREM', Q, who) == 1 then redis.call('ZREM', QE, who) end
+  if redis.call('ZREM', Q, who) == 1 then
+    redis.call('ZREM', QE, who)
+    redis.call('HDEL', Q .. 'd', who)
+  end
+end
+local function drop_lapsed(Q, QE)
+  local lapsed = redis.call('ZRANGEBYSCORE', QE, '-inf', now)
+  for i = 1, #lapsed do
+    redis.call('ZREM', Q, lapsed[i])
+    redis.call('HDEL', Q .. 'd', lapsed[i])
+  end
+  if #lapsed > 0 then redis.call('ZREMRANGEBYSCORE', QE, '-inf', now) end
+end
+-- The lock H is free: the first live waiter in the queue gets it now, if it
+-- can take a grant where it stands (its request is kept), and is told on its
+-- own channel. Returns whether it did; if not, the caller frees the lock and
+-- wakes the waiters. A waiter that gave up (its wait op marked `x`) is
+-- passed over.
+local function hand_on(H, F, Q, QE)
+  if redis.call('EXISTS', Q) == 0 then return false end
+  drop_lapsed(Q, QE)
+  while true do
+    local first = redis.call('ZRANGE', Q, 0, 0)[1]
+    if not first then return false end
+    local d = redis.call('HGET', Q .. 'd', first)
+    if not d then return false end
+    local w, a, ttl, ch = string.match(d, '^(%S+) (%S+) (%d+) (%S+)$')
+    if w and redis.call('GET', H .. ':op:' .. w) ~= 'x' then
+      local token = mint(F, 0)
+      redis.call('SET', H, xvalue(first, 1, token, w, token), 'PX', ttl)
+      unqueue(Q, QE, first)
+      redis.call('PUBLISH', ch, 'g\t' .. first .. '\t' .. w .. '\t' .. token .. '\t' .. a)
+      return true
+    end
+    unqueue(Q, QE, first)
+  end
 end
 "
     };
@@ -296,11 +354,15 @@ end
 /// exclusive request that is refused stands in the queue for that long; 0: it does
 /// not), op, mark_ms, behind (1/0: an existing hold of the owner whose token
 /// is below the fence gets a new token — Redlock, where the fence can pass a
-/// hold that a release missed, see the `redlock` module).
+/// hold that a release missed, see the `redlock` module), wait_op and
+/// grant_channel (a waiter that can take a grant where it stands: the op its
+/// wait is known by and the channel it hears grants on; '' for none — see
+/// "Grants where a waiter stands" above).
 ///
-/// Returns `{1, token, holds, mine, now_us}` granted (`mine`: 1 when this op
+/// Returns `{1, token, holds, mine, now_us, by_wait}` granted (`mine`: 1 when this op
 /// created the hold or ran before, 0 when it found or added to an existing
-/// hold of the owner), `{0, ms_until_first_expiry, now_us}` busy (also for an op already
+/// hold of the owner; `by_wait`: 1 when the hold is the one a release handed
+/// to `wait_op` where it stood, its expiry now at least now + ttl), `{0, ms_until_first_expiry, now_us}` busy (also for an op already
 /// undone), `{-1, held_mode}` when the owner holds the key in another mode,
 /// `{-2, held_mode}` when a semaphore is held with another permit count.
 pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
@@ -310,16 +372,25 @@ pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
 local H, Z, F, Q, QE, L = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local owner, mode, ttl, reentrant, permits = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
 local queue_ms, op, mark_ms, behind = tonumber(ARGV[7]), ARGV[8], ARGV[9], ARGV[10]
+local wait_op, grant_ch = ARGV[11] or '', ARGV[12] or ''
 if redis.call('GET', L) == 'x' then return {0, 0, now_us} end
+-- A late attempt of a waiter that gave up does not stand in the queue again.
+if wait_op ~= '' and redis.call('GET', H .. ':op:' .. wait_op) == 'x' then queue_ms = 0 end
 local queued = redis.call('EXISTS', Q) == 1
 -- Refused: stand in the queue (or keep the place) if asked to, and say how long to wait.
 local function refuse(wait_ms)
   if mode == 'exclusive' and queue_ms > 0 then
     redis.call('ZADD', Q, 'NX', now_us, owner)
     redis.call('ZADD', QE, now + queue_ms, owner)
+    if wait_op ~= '' and grant_ch ~= '' then
+      redis.call('HSET', Q .. 'd', owner, wait_op .. ' ' .. op .. ' ' .. ttl .. ' ' .. grant_ch)
+    else
+      redis.call('HDEL', Q .. 'd', owner)
+    end
     local last = redis.call('ZRANGE', QE, -1, -1, 'WITHSCORES')
     redis.call('PEXPIRE', Q, tonumber(last[2]) - now)
     redis.call('PEXPIRE', QE, tonumber(last[2]) - now)
+    redis.call('PEXPIRE', Q .. 'd', tonumber(last[2]) - now)
   end
   return {0, wait_ms, now_us}
 end
@@ -327,9 +398,7 @@ end
 -- is first, a shared or semaphore one while anyone stands there.
 local function ahead()
   if not queued then return nil end
-  local lapsed = redis.call('ZRANGEBYSCORE', QE, '-inf', now)
-  for i = 1, #lapsed do redis.call('ZREM', Q, lapsed[i]) end
-  if #lapsed > 0 then redis.call('ZREMRANGEBYSCORE', QE, '-inf', now) end
+  drop_lapsed(Q, QE)
   local first = redis.call('ZRANGE', Q, 0, 0)[1]
   if first == nil or (first == owner and mode == 'exclusive') then return nil end
   return tonumber(redis.call('ZSCORE', QE, first)) - now
@@ -382,6 +451,11 @@ if kind == 'string' then
   if holder ~= owner then return refuse(redis.call('PTTL', H)) end
   if mode ~= 'exclusive' then return {-1, 'exclusive'} end
   if redis.call('PTTL', H) < ttl then redis.call('PEXPIRE', H, ttl) end
+  -- Handed to this waiter where it stood (its message may be lost or late):
+  -- that grant is this wait's, with its expiry now at least now + ttl.
+  if wait_op ~= '' and find(split(hop), wait_op) then
+    return {1, token, holds, 1, now_us, 1}
+  end
   return existing(token, hop, seen, function(n, tok, grants, sn)
     redis.call('SET', H, xvalue(owner, n, tok, grants, sn), 'KEEPTTL')
   end)
@@ -472,8 +546,9 @@ return out
 /// Only that grant goes: never another hold of the same owner. When an exclusive lock is let go
 /// and `next_owner` is given, the lock passes to `next_owner` in the same step
 /// (new token, created by this op, no window for anybody else) and
-/// `handed_token` is its token; otherwise `handed_token` is 0 and waiters are
-/// told on the channel.
+/// `handed_token` is its token; otherwise `handed_token` is 0 and the lock
+/// goes to the first waiter in the queue that can take a grant where it
+/// stands (`hand_on`), else waiters are told on the channel.
 ///
 /// The answer is kept under the op's mark: a second run returns it and changes
 /// nothing, so a release retried after a lost reply cannot take a second hold
@@ -513,8 +588,10 @@ if kind == 'string' then
       unqueue(KEYS[5], KEYS[6], next_owner)
       return answer(0, next_token)
     end
-    redis.call('DEL', H)
-    redis.call('PUBLISH', channel, 'free')
+    if not hand_on(H, F, KEYS[5], KEYS[6]) then
+      redis.call('DEL', H)
+      redis.call('PUBLISH', channel, 'free')
+    end
     return answer(0, 0)
   end
 elseif kind == 'hash' then
@@ -533,7 +610,7 @@ elseif kind == 'hash' then
     redis.call('ZREM', Z, owner)
     if redis.call('ZCARD', Z) == 0 then
       redis.call('DEL', H, Z)
-      redis.call('PUBLISH', channel, 'free')
+      if not hand_on(H, F, KEYS[5], KEYS[6]) then redis.call('PUBLISH', channel, 'free') end
     elseif string.sub(redis.call('HGET', H, '\tm') or '', 1, 10) == 'semaphore:' then
       redis.call('PUBLISH', channel, 'permit')
     end
@@ -545,7 +622,7 @@ return {-1, 0, now_us}
     ))
 });
 
-/// KEYS: H, Z, L (the op's mark). ARGV: owner, channel, mark_ms, op.
+/// KEYS: H, Z, L (the op's mark), F, Q, QE. ARGV: owner, channel, mark_ms, op.
 ///
 /// Undoes acquire op `op` of `owner`, or the handoff of release op `op` to
 /// `owner`: takes back the one hold (grant) that op created or added
@@ -556,7 +633,7 @@ pub(crate) static UNDO: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(concat!(
         prologue!(),
         r"
-local H, Z, L = KEYS[1], KEYS[2], KEYS[3]
+local H, Z, L, F, Q, QE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local owner, channel, mark_ms, op = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local mark = redis.call('GET', L)
 if mark == 'x' then return 0 end
@@ -568,7 +645,7 @@ if kind == 'string' then
   local gs, went = without(split(grants or ''), op)
   if #gs > 0 then
     redis.call('SET', H, xvalue(owner, #gs, token, table.concat(gs, ';'), seen), 'KEEPTTL')
-  elseif went then
+  elseif went and not hand_on(H, F, Q, QE) then
     redis.call('DEL', H)
     redis.call('PUBLISH', channel, 'free')
   end
@@ -588,7 +665,7 @@ elseif kind == 'hash' then
   redis.call('ZREM', Z, owner)
   if redis.call('ZCARD', Z) == 0 then
     redis.call('DEL', H, Z)
-    redis.call('PUBLISH', channel, 'free')
+    if not hand_on(H, F, Q, QE) then redis.call('PUBLISH', channel, 'free') end
   else
     redis.call('PUBLISH', channel, 'permit')
   end
@@ -599,19 +676,48 @@ return 0
     ))
 });
 
-/// KEYS: Q, QE, H. ARGV: owner, channel. Takes `owner` out of the queue (a
-/// waiter that gave up); if it was first, wakes the waiters it held up (the
-/// next writer if the lock is free, readers refused while it stood there).
+/// KEYS: Q, QE, H, F. ARGV: owner, channel, wait_op ('' for none), mark_ms.
+/// A waiter that gives up: marks its wait op undone (a late attempt of it
+/// does not stand in the queue again, and no release hands it the lock), takes
+/// back a hold handed to it where it stood that it did not take up, passing
+/// the lock on (to the next waiter in the queue, else waking the waiters),
+/// and takes `owner` out of the queue; if it was first, wakes the waiters it
+/// held up (the next writer if the lock is free, readers refused while it
+/// stood there). Returns 1 if a handed hold was taken back.
 pub(crate) static LEAVE_QUEUE: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
+    Lua::new(concat!(
+        prologue!(),
         r"
-local first = redis.call('ZRANK', KEYS[1], ARGV[1]) == 0
-if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return 0 end
-redis.call('ZREM', KEYS[2], ARGV[1])
-if first then redis.call('PUBLISH', ARGV[2], 'free') end
-return 1
-",
-    )
+local Q, QE, H, F = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local owner, channel, wait_op, mark_ms = ARGV[1], ARGV[2], ARGV[3] or '', ARGV[4]
+local took = 0
+if wait_op ~= '' then
+  redis.call('SET', H .. ':op:' .. wait_op, 'x', 'PX', mark_ms)
+  if redis.call('TYPE', H)['ok'] == 'string' then
+    local holder, _, token, grants, seen = exclusive(redis.call('GET', H))
+    if holder == owner then
+      local gs, went = without(split(grants or ''), wait_op)
+      if #gs > 0 then
+        redis.call('SET', H, xvalue(owner, #gs, token, table.concat(gs, ';'), seen), 'KEEPTTL')
+      elseif went and not hand_on(H, F, Q, QE) then
+        redis.call('DEL', H)
+        redis.call('PUBLISH', channel, 'free')
+      end
+      if went then took = 1 end
+    end
+  end
+end
+local first = redis.call('ZRANK', Q, owner) == 0
+if redis.call('ZREM', Q, owner) == 0 then return took end
+redis.call('ZREM', QE, owner)
+redis.call('HDEL', Q .. 'd', owner)
+if first then
+  if redis.call('TYPE', H)['ok'] == 'none' then hand_on(H, F, Q, QE) end
+  redis.call('PUBLISH', channel, 'free')
+end
+return took
+"
+    ))
 });
 
 /// KEYS: H, Z, F. Returns `{now_ms, fence, kind, holders, expiries, pttl}` where

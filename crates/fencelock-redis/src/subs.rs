@@ -2,6 +2,10 @@
 //! connection itself) and channels subscribed on demand while somebody waits.
 //! Waiters of the same locker never need them: the core's local line hands the
 //! lock over or wakes its head directly.
+//!
+//! The client's grant channel carries grants that a release handed to one of
+//! its waiters where it stood in a queue (see `scripts`); each goes to the
+//! [`GrantSlot`] of its wait op, if that wait is still on.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -27,6 +31,62 @@ struct Channel {
 pub(crate) struct Subscriptions {
     conn: Conn,
     channels: Mutex<HashMap<String, Channel>>,
+    /// The channel this client hears grants on.
+    grant_channel: String,
+    /// The waits that can take a grant where they stand, by wait op.
+    slots: std::sync::Mutex<HashMap<String, Arc<Slot>>>,
+}
+
+/// A grant handed to a waiter where it stood (a message on the grant channel).
+#[derive(Debug)]
+pub(crate) struct Handed {
+    pub(crate) owner: String,
+    pub(crate) token: u64,
+    /// The attempt op whose request the grant answered.
+    pub(crate) attempt: String,
+}
+
+struct Slot {
+    notify: Notify,
+    handed: std::sync::Mutex<Option<Handed>>,
+}
+
+/// Where the grant of one wait arrives; unregistered when dropped.
+pub(crate) struct GrantSlot {
+    subs: Arc<Subscriptions>,
+    wait_op: String,
+    slot: Arc<Slot>,
+}
+
+impl GrantSlot {
+    /// Waits until a grant may have arrived (a permit is kept, so one that
+    /// arrived before this call is not missed).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the grant stays in the slot.
+    pub(crate) async fn arrived(&self) {
+        self.slot.notify.notified().await;
+    }
+
+    /// The grant handed to this wait, if one arrived.
+    pub(crate) fn take(&self) -> Option<Handed> {
+        self.slot
+            .handed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+}
+
+impl Drop for GrantSlot {
+    fn drop(&mut self) {
+        self.subs
+            .slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.wait_op);
+    }
 }
 
 /// Interest in one channel; wakes on its messages while alive.
@@ -38,10 +98,16 @@ pub(crate) struct Watch {
 
 impl Subscriptions {
     /// Starts dispatching `pushes` and sweeping idle channels.
-    pub(crate) fn start(conn: Conn, pushes: UnboundedReceiver<PushInfo>) -> Arc<Subscriptions> {
+    pub(crate) fn start(
+        conn: Conn,
+        pushes: UnboundedReceiver<PushInfo>,
+        grant_channel: String,
+    ) -> Arc<Subscriptions> {
         let subs = Arc::new(Subscriptions {
             conn,
             channels: Mutex::new(HashMap::new()),
+            grant_channel,
+            slots: std::sync::Mutex::new(HashMap::new()),
         });
         tokio::spawn(dispatch(Arc::downgrade(&subs), pushes));
         subs
@@ -66,6 +132,65 @@ impl Subscriptions {
         }
         entry.watchers += 1;
         Ok(Watch {
+            subs: self.clone(),
+            channel: channel.to_string(),
+            notify: entry.notify.clone(),
+        })
+    }
+
+    /// The channel this client hears grants on.
+    pub(crate) fn grant_channel(&self) -> &str {
+        &self.grant_channel
+    }
+
+    /// Registers a wait that can take a grant where it stands. Subscribe to
+    /// the grant channel (a [`Watch`] on it) before asking with `wait_op`.
+    pub(crate) fn expect_grant(self: &Arc<Self>, wait_op: &str) -> GrantSlot {
+        let slot = Arc::new(Slot {
+            notify: Notify::new(),
+            handed: std::sync::Mutex::new(None),
+        });
+        self.slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(wait_op.to_string(), slot.clone());
+        GrantSlot {
+            subs: self.clone(),
+            wait_op: wait_op.to_string(),
+            slot,
+        }
+    }
+
+    /// A message on the grant channel: `g\t<owner>\t<wait op>\t<token>\t<attempt op>`.
+    fn deliver(&self, payload: &str) {
+        let mut parts = payload.split('\t');
+        let (Some("g"), Some(owner), Some(wait_op), Some(token), Some(attempt)) = (
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next().and_then(|t| t.parse::<u64>().ok()),
+            parts.next(),
+        ) else {
+            tracing::debug!(payload, "an unreadable grant message was ignored");
+            return;
+        };
+        let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(slot) = slots.get(wait_op) {
+            *slot.handed.lock().unwrap_or_else(|p| p.into_inner()) = Some(Handed {
+                owner: owner.to_string(),
+                token,
+                attempt: attempt.to_string(),
+            });
+            slot.notify.notify_one();
+        }
+    }
+
+    /// A watch on `channel` if it is subscribed already (no round trip), else `None`.
+    pub(crate) async fn watch_if_subscribed(self: &Arc<Self>, channel: &str) -> Option<Watch> {
+        let mut channels = self.channels.lock().await;
+        let entry = channels.get_mut(channel).filter(|c| c.subscribed)?;
+        entry.watchers += 1;
+        Some(Watch {
             subs: self.clone(),
             channel: channel.to_string(),
             notify: entry.notify.clone(),
@@ -130,9 +255,16 @@ async fn dispatch(subs: Weak<Subscriptions>, mut pushes: UnboundedReceiver<PushI
             push = pushes.recv() => {
                 let Some(push) = push else { return };
                 let Some(subs) = subs.upgrade() else { return };
+                let channel = push.data.first().and_then(text);
+                if push.kind == PushKind::Message && channel == Some(subs.grant_channel.as_str()) {
+                    if let Some(payload) = push.data.get(1).and_then(text) {
+                        subs.deliver(payload);
+                    }
+                    continue;
+                }
                 let channels = subs.channels.lock().await;
                 match push.kind {
-                    PushKind::Message => Subscriptions::wake(&channels, push.data.first().and_then(text)),
+                    PushKind::Message => Subscriptions::wake(&channels, channel),
                     // After a reconnect every waiter re-checks (messages may be lost).
                     PushKind::Disconnection => Subscriptions::wake(&channels, None),
                     _ => {}

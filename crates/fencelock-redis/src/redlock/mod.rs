@@ -238,7 +238,7 @@ impl Call {
     async fn run(&self, node: &Node) -> Result<OpAnswer> {
         match self {
             Call::Acquire(req, proposal, op) => node
-                .attempt(req, *proposal, Duration::ZERO, op, true)
+                .attempt(req, *proposal, Duration::ZERO, op, true, None)
                 .await
                 .map(OpAnswer::Acquire),
             Call::Release(lease, next, proposal, op) => node
