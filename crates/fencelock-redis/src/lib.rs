@@ -91,10 +91,17 @@
 //! set by arrival): while anyone waits in it, a free lock goes only to its first
 //! live waiter, so a process that releases cannot take the lock straight back
 //! ahead of a waiter elsewhere (a try, which never waits, is refused too); the
-//! handoffs within a process above come first, up to 16 in a row. A
-//! waiter keeps its place by asking again at least every second; one that times
-//! out or is cancelled leaves the queue, and the place of one that died lapses
-//! after 3 s. Shared and semaphore requests do not stand in the queue, but new ones
+//! handoffs within a process above come first, up to 16 in a row. A release
+//! that lets the lock go hands it to that first waiter where it stands: the
+//! release script makes it the holder (new token, its TTL) and publishes the
+//! grant on the waiter's client channel, so the waiter starts on receipt,
+//! without an acquire round trip; its lease counts from the send time of the
+//! request the grant answered. A lost message costs at most the waiter's next
+//! asking. A waiter keeps its place by asking again at least every second; one
+//! that times out or is cancelled leaves the queue, taking back a hold handed
+//! to it meanwhile and passing it on; the place of one that died lapses after
+//! 3 s, and a hold handed to it expires with its TTL. (Not with
+//! `wait_replicas`: the `WAIT` for a grant would be the releaser's.) Shared and semaphore requests do not stand in the queue, but new ones
 //! are refused while a writer waits there, so readers cannot starve writers
 //! (as in a fair read-write lock: a second read lock taken, by another owner,
 //! while holding one waits behind a waiting writer).
