@@ -61,9 +61,9 @@
 //!
 //! # The queue
 //!
-//! (Model-checked, with the handoff and `UNDO`, in
-//! `crates/fencelock-models/src/redis_queue.rs`: change both together; bounds
-//! in `docs/SAFETY.md`.)
+//! (Model-checked, with the handoff, `UNDO` and the grants where a waiter
+//! stands, in `crates/fencelock-models/src/redis_queue.rs`: change both
+//! together; bounds in `docs/SAFETY.md`.)
 //!
 //! The queue makes exclusive waiting fair across processes: while it is not
 //! empty, a free lock goes only to its first live waiter (handed to it where
@@ -334,7 +334,7 @@ local function hand_on(H, F, Q, QE)
     if not first then return false end
     local d = redis.call('HGET', Q .. 'd', first)
     if not d then return false end
-    local w, a, ttl, ch = string.match(d, '^(%S+) (%S+) (%d+) (%S+)$')
+    local w, a, ttl, ch = string.match(d, '^(%S+) (%S+) (%d+) (.+)$')
     if w and redis.call('GET', H .. ':op:' .. w) ~= 'x' then
       local token = mint(F, 0)
       redis.call('SET', H, xvalue(first, 1, token, w, token), 'PX', ttl)
