@@ -100,7 +100,8 @@
 //! asking. A waiter keeps its place by asking again at least every second; one
 //! that times out or is cancelled leaves the queue, taking back a hold handed
 //! to it meanwhile and passing it on; the place of one that died lapses after
-//! 3 s, and a hold handed to it expires with its TTL. (Not with
+//! 3 s, and a hold handed to it lapses with its TTL, as a dead holder's (also
+//! one handed to a waiter that gave up but could not reach Redis). (Not with
 //! `wait_replicas`: the `WAIT` for a grant would be the releaser's.) Shared and semaphore requests do not stand in the queue, but new ones
 //! are refused while a writer waits there, so readers cannot starve writers
 //! (as in a fair read-write lock: a second read lock taken, by another owner,
@@ -165,6 +166,10 @@ const MAX_RECHECK: Duration = Duration::from_secs(5);
 /// asks at least three times as often). A waiter that dies in first place
 /// holds the others up this long at most.
 const QUEUE_PLACE: Duration = Duration::from_secs(3);
+
+/// How long a waiter that ran out of time waits for its leaving to be
+/// answered before it returns (the leaving goes on in the background).
+const LEAVE_PATIENCE: Duration = Duration::from_secs(1);
 
 /// What the renew script's answer for `lease` means.
 fn renewal(lease: &LeaseRef, held: bool) -> Renewal {
@@ -798,8 +803,14 @@ impl Backend for RedisBackend {
                 in_queue.leave().await;
                 return Ok(None);
             }
-            // A waiter in the queue asks again before its place lapses.
-            let most = if in_queue.backend.is_some() {
+            // A waiter in the queue asks again before its place lapses, and
+            // one standing with its request often enough that the attempt a
+            // grant names leaves most of the handed window.
+            let most = if wait.is_some() {
+                (QUEUE_PLACE / 3)
+                    .min(req.ttl / 4)
+                    .max(Duration::from_millis(10))
+            } else if in_queue.backend.is_some() {
                 QUEUE_PLACE / 3
             } else {
                 MAX_RECHECK
@@ -821,8 +832,9 @@ impl Backend for RedisBackend {
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 // Out of time: a hold handed to this wait meanwhile is taken
-                // back by leaving, and passed on.
-                in_queue.leave().await;
+                // back by leaving, and passed on. Not waited for long if
+                // Redis does not answer (the leave goes on in the background).
+                let _ = tokio::time::timeout(LEAVE_PATIENCE, in_queue.leave()).await;
                 return Ok(None);
             }
         }

@@ -88,11 +88,14 @@
 //! receipt, with no round trip of its own, and counts its lease from the send
 //! time of the attempt op the message names (that attempt ran before the
 //! grant). A lost or late message costs at most the waiter's next asking
-//! (within a second): its acquire finds the hold by its wait op and takes it
-//! up, raising the expiry to at least now + TTL. A waiter that gives up
-//! (`LEAVE_QUEUE`) marks its wait op undone and takes back a hold handed to
-//! it, passing the lock on; one that died holds the lock until its TTL runs
-//! out, then the next waiter's asking finds it free.
+//! (within a second, or a quarter of the TTL): its acquire finds the hold by
+//! its wait op and takes it up, raising the expiry to at least now + TTL. A
+//! waiter that gives up (`LEAVE_QUEUE`) marks its wait op undone and takes
+//! back a hold handed to it, passing the lock on. A hold handed to a waiter
+//! that died, or gave up without reaching Redis (cut off, its runtime shut
+//! down), lapses with its TTL, as a holder's that died: then the next
+//! waiter's asking finds the lock free. (Without grants where a waiter
+//! stands, such a waiter held the queue up only until its place lapsed, 3 s.)
 //!
 //! # Tokens and expiry
 //!
@@ -335,7 +338,9 @@ local function hand_on(H, F, Q, QE)
     local d = redis.call('HGET', Q .. 'd', first)
     if not d then return false end
     local w, a, ttl, ch = string.match(d, '^(%S+) (%S+) (%d+) (.+)$')
-    if w and redis.call('GET', H .. ':op:' .. w) ~= 'x' then
+    -- Unreadable: leave it to the waiter's own asking.
+    if not w then return false end
+    if redis.call('GET', H .. ':op:' .. w) ~= 'x' then
       local token = mint(F, 0)
       redis.call('SET', H, xvalue(first, 1, token, w, token), 'PX', ttl)
       unqueue(Q, QE, first)
