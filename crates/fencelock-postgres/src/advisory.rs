@@ -38,7 +38,7 @@ use fencelock_core::backend::{
     Backoff, Grant, LeaseRef, Released, Renewal, Request, SessionHolds, lease_start,
 };
 use fencelock_core::{Error, FencingToken, HolderInfo, Key, LockInfo, Mode, Result};
-use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPoolOptions};
 use sqlx::{Connection, Row};
 use tokio::time::Instant;
 
@@ -197,6 +197,10 @@ const HOLDERS: &str = "
 /// permits' and counts' lock ids that inspection, `force_release` and the
 /// one-count check look at.
 const MAX_PERMIT_SEED: i32 = 1024;
+
+/// The channel the server watch listens on (nothing is sent on it: the
+/// listening session only waits, idle, for the server to end it).
+const WATCH_CHANNEL: &str = "fencelock_server_watch";
 
 /// This backend's holds, each on a session of its own, and idle sessions.
 pub(crate) struct Advisory {
@@ -559,14 +563,28 @@ pub(crate) async fn held_keys(db: &Db, prefix: &str) -> Result<Vec<String>> {
     .map_err(db.err())
 }
 
-/// Keeps a session of its own waiting in a statement: when the server ends it
-/// (a restart or crash ends every session at once), the holds' sessions are
-/// pinged at once, so their `lost()` fires before another client can be
-/// granted the lock on the restarted server — not at their next renewal.
+/// Keeps a session of its own open: when the server ends it (a restart or
+/// crash ends every session at once), the holds' sessions are pinged at once,
+/// so their `lost()` fires before another client can be granted the lock on
+/// the restarted server — not at their next renewal.
+///
+/// The session idles in a `LISTEN` and never runs a statement while it waits:
+/// a running statement holds a snapshot, and the oldest snapshot of any
+/// session bounds what VACUUM may remove in every table of the cluster (the
+/// fence rows' dead versions, one per grant, and the user's own).
 async fn watch_server(options: PgConnectOptions, watch: fencelock_core::backend::SessionWatch) {
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .max_lifetime(None)
+        .idle_timeout(None)
+        .connect_lazy_with(options);
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
     while watch.alive() {
-        let Ok(mut conn) = PgConnection::connect_with(&options).await else {
+        let listener = match PgListener::connect_with(&pool).await {
+            Ok(mut l) => l.listen(WATCH_CHANNEL).await.map(|()| l),
+            Err(e) => Err(e),
+        };
+        let Ok(mut listener) = listener else {
             // The server does not take sessions now: those of the holds may
             // be gone too (the pings tell).
             watch.sessions_may_have_ended();
@@ -575,10 +593,15 @@ async fn watch_server(options: PgConnectOptions, watch: fencelock_core::backend:
         };
         backoff.reset();
         while watch.alive() {
-            if let Err(e) = sqlx::query("SELECT pg_sleep(5)").execute(&mut conn).await {
-                tracing::debug!(error = %e, "the server ended the watching session; pinging every hold");
-                watch.sessions_may_have_ended();
-                break;
+            // Woken now and then to see whether the backend is still in use.
+            match tokio::time::timeout(Duration::from_secs(5), listener.try_recv()).await {
+                Err(_) | Ok(Ok(Some(_))) => {}
+                // The connection closed (`None`) or failed.
+                Ok(Ok(None) | Err(_)) => {
+                    tracing::debug!("the server ended the watching session; pinging every hold");
+                    watch.sessions_may_have_ended();
+                    break;
+                }
             }
         }
     }
