@@ -577,6 +577,9 @@ async fn watch_server(options: PgConnectOptions, watch: fencelock_core::backend:
         .max_connections(1)
         .max_lifetime(None)
         .idle_timeout(None)
+        // A server that does not take sessions is reported soon (the pool
+        // would otherwise try to connect for 30 s).
+        .acquire_timeout(Duration::from_secs(5))
         .connect_lazy_with(options);
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
     while watch.alive() {

@@ -16,7 +16,8 @@
 //! - **advisory** (`?mode=advisory`): `pg_advisory_lock` on a session held for
 //!   the guard's life; waiters block in the server. The session ending fires
 //!   the guard's `lost()`: a server restart or crash at once (a session of the
-//!   backend's own waits in `pg_sleep` and, when the server ends it, every
+//!   backend's own idles in a `LISTEN` — never in a statement, whose snapshot
+//!   would hold back VACUUM — and, when the server ends it, every
 //!   hold's session is pinged), `pg_terminate_backend` or a network loss at
 //!   the next renewal (see the limits below). The session's `idle_session_timeout` is the TTL, so a
 //!   paused holder loses the lock too. Lock ids are 64-bit hashes of the keys
