@@ -159,6 +159,10 @@ const PROPOSAL_MARGIN: Duration = Duration::from_millis(100);
 /// A waiter re-tries at least this often (jittered), notifications aside.
 const RETRY_DELAY: Duration = Duration::from_millis(50);
 
+/// The first backoff window after a split vote; it doubles with each split in
+/// a row, up to [`RETRY_DELAY`].
+const SPLIT_BACKOFF: Duration = Duration::from_millis(2);
+
 /// After a connection failure an instance is skipped for this long (a failed
 /// instance must not cost every operation its timeout); then one call probes it.
 const DOWN_FOR: Duration = Duration::from_secs(1);
@@ -261,8 +265,13 @@ enum Skip {
 /// The outcome of one Redlock round.
 enum Round {
     Granted(Grant),
-    /// Refused by enough instances; retry after about this long.
-    Busy(Duration),
+    /// Refused by enough instances; retry after about this long. `split`:
+    /// some instances granted it, too few (others' requests took the rest:
+    /// a collision of waiters, not a holder).
+    Busy {
+        hint: Duration,
+        split: bool,
+    },
     /// Too few instances answered; `slow` when some did not answer in time
     /// (then the round is retried until the caller's deadline).
     NoQuorum {
@@ -482,40 +491,61 @@ impl Backend for RedlockBackend {
     async fn try_acquire(&self, req: &Request) -> Result<Option<Grant>> {
         match self.attempt(req).await? {
             Round::Granted(g) => Ok(Some(g)),
-            Round::Busy(_) => Ok(None),
+            Round::Busy { .. } => Ok(None),
             Round::NoQuorum { error, .. } => Err(error),
         }
     }
 
     async fn acquire(&self, req: &Request, deadline: Option<Instant>) -> Result<Option<Grant>> {
-        // What to do after a round: stop with a result, or wait about this long.
-        let after = |round: Round| -> Result<std::ops::ControlFlow<Option<Grant>, Duration>> {
-            use std::ops::ControlFlow::{Break, Continue};
-            let hint = match round {
-                Round::Granted(g) => return Ok(Break(Some(g))),
-                Round::Busy(hint) => hint,
-                // Instances alive but slow (a loaded machine, a slow link): try
-                // again until the deadline. Unreachable ones fail at once.
-                Round::NoQuorum { error, slow } => {
-                    if !slow || deadline.is_some_and(|d| Instant::now() >= d) {
-                        return Err(error);
+        // What to do after a round: stop with a result, or wait about this
+        // long (and whether the round was a split vote).
+        let after =
+            |round: Round| -> Result<std::ops::ControlFlow<Option<Grant>, (Duration, bool)>> {
+                use std::ops::ControlFlow::{Break, Continue};
+                let next = match round {
+                    Round::Granted(g) => return Ok(Break(Some(g))),
+                    Round::Busy { hint, split } => (hint, split),
+                    // Instances alive but slow (a loaded machine, a slow link): try
+                    // again until the deadline. Unreachable ones fail at once.
+                    Round::NoQuorum { error, slow } => {
+                        if !slow || deadline.is_some_and(|d| Instant::now() >= d) {
+                            return Err(error);
+                        }
+                        tracing::debug!(key = %req.key, %error, "too few instances answered in time; retrying");
+                        (RETRY_DELAY, false)
                     }
-                    tracing::debug!(key = %req.key, %error, "too few instances answered in time; retrying");
-                    RETRY_DELAY
+                };
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    return Ok(Break(None));
                 }
+                Ok(Continue(next))
             };
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Ok(Break(None));
-            }
-            Ok(Continue(hint))
+        let (_, split) = match after(self.attempt(req).await?)? {
+            std::ops::ControlFlow::Break(g) => return Ok(g),
+            std::ops::ControlFlow::Continue(next) => next,
         };
-        if let std::ops::ControlFlow::Break(g) = after(self.attempt(req).await?)? {
-            return Ok(g);
-        }
         // Wake on a release published by any instance, or after a jittered delay
         // (so that competing clients do not retry in lock-step and split the vote).
         let watches = self.watches(&req.key).await;
+        // Split votes. Every waiter woken by one release asks every instance
+        // at once, and their requests split the votes (undoing them publishes
+        // more wake-ups). After a split a waiter backs off for a random time in
+        // a window that doubles with each split, as on a shared Ethernet, so
+        // that one of them soon asks alone; before asking again after a wake-up,
+        // too, while the splits it saw have not faded.
+        let mut splits = u32::from(split);
         loop {
+            if splits > 0 {
+                let window = SPLIT_BACKOFF
+                    .saturating_mul(1 << splits.min(8))
+                    .min(RETRY_DELAY);
+                let pause = Duration::from_micros(fastrand::u64(0..=window.as_micros() as u64));
+                let mut until = Instant::now() + pause;
+                if let Some(d) = deadline {
+                    until = until.min(d);
+                }
+                tokio::time::sleep_until(until).await;
+            }
             let mut notified: Vec<_> = watches
                 .iter()
                 .map(|w| Box::pin(w.notify.notified()))
@@ -523,10 +553,17 @@ impl Backend for RedlockBackend {
             for n in &mut notified {
                 n.as_mut().enable();
             }
-            let hint = match after(self.attempt(req).await?)? {
+            let (hint, split) = match after(self.attempt(req).await?)? {
                 std::ops::ControlFlow::Break(g) => return Ok(g),
-                std::ops::ControlFlow::Continue(hint) => hint,
+                std::ops::ControlFlow::Continue(next) => next,
             };
+            if split {
+                splits += 1;
+                continue;
+            }
+            // Refused by a holder: the contention it learned fades slowly, so
+            // that the rush after the next release is spread too.
+            splits = splits.saturating_sub(1);
             let max = RETRY_DELAY.as_micros() as u64;
             let jitter = Duration::from_micros(fastrand::u64(max / 2..=max));
             let mut until = Instant::now() + hint.min(jitter).max(Duration::from_millis(1));

@@ -196,11 +196,14 @@ impl RedlockBackend {
             let error = self.no_quorum(granted.len() + busy, answers.iter().flatten());
             return Ok(Round::NoQuorum { error, slow });
         }
-        Ok(Round::Busy(if hint == Duration::MAX {
-            RETRY_DELAY
-        } else {
-            hint
-        }))
+        Ok(Round::Busy {
+            hint: if hint == Duration::MAX {
+                RETRY_DELAY
+            } else {
+                hint
+            },
+            split: !granted.is_empty(),
+        })
     }
 
     /// Releases `lease` on every instance; with `next`, each instance that lets
