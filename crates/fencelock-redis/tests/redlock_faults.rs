@@ -126,6 +126,38 @@ async fn two_of_five_down_grants_continue_and_stay_exclusive() {
     assert_eq!(summary.holds, 160);
 }
 
+/// Waiters ask the first instance not known to be down before the others
+/// (against split votes): with that instance down, the next one leads, and
+/// grants go on, exclusive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_go_on_when_the_lead_instance_is_down() {
+    let mut five = Five::start();
+    five.kill(0);
+    let holds = contend(&five.url(), 5).await;
+    let summary = check_history(&holds)
+        .unwrap_or_else(|v| panic!("exclusion broken with the lead instance down: {v}"));
+    assert_eq!(summary.holds, 160);
+}
+
+/// The lead instance answers too slowly for its timeout: a waiter's round
+/// asks the others after it, grants go on, exclusive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_go_on_when_the_lead_instance_is_slow() {
+    let five = Five::start();
+    let proxy = FaultProxy::start(format!("127.0.0.1:{}", five.ports[0]).parse().unwrap())
+        .await
+        .unwrap();
+    let hosts: Vec<String> = std::iter::once(proxy.addr().to_string())
+        .chain(five.ports[1..].iter().map(|p| format!("127.0.0.1:{p}")))
+        .collect();
+    let url = format!("redlock://{}?instance_timeout=100ms", hosts.join(","));
+    proxy.set_latency(Duration::from_millis(500));
+    let holds = contend(&url, 3).await;
+    let summary = check_history(&holds)
+        .unwrap_or_else(|v| panic!("exclusion broken with the lead instance slow: {v}"));
+    assert_eq!(summary.holds, 96);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_of_five_down_is_a_no_quorum_error_never_a_grant() {
     let mut five = Five::start();

@@ -489,7 +489,7 @@ impl Backend for RedlockBackend {
     }
 
     async fn try_acquire(&self, req: &Request) -> Result<Option<Grant>> {
-        match self.attempt(req).await? {
+        match self.attempt(req, false).await? {
             Round::Granted(g) => Ok(Some(g)),
             Round::Busy { .. } => Ok(None),
             Round::NoQuorum { error, .. } => Err(error),
@@ -520,7 +520,7 @@ impl Backend for RedlockBackend {
                 }
                 Ok(Continue(next))
             };
-        let (_, split) = match after(self.attempt(req).await?)? {
+        let (_, split) = match after(self.attempt(req, false).await?)? {
             std::ops::ControlFlow::Break(g) => return Ok(g),
             std::ops::ControlFlow::Continue(next) => next,
         };
@@ -553,7 +553,8 @@ impl Backend for RedlockBackend {
             for n in &mut notified {
                 n.as_mut().enable();
             }
-            let (hint, split) = match after(self.attempt(req).await?)? {
+            // A waiter asks the lead instance first (see `attempt`).
+            let (hint, split) = match after(self.attempt(req, true).await?)? {
                 std::ops::ControlFlow::Break(g) => return Ok(g),
                 std::ops::ControlFlow::Continue(next) => next,
             };

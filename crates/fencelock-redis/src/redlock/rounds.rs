@@ -32,27 +32,33 @@ impl RedlockBackend {
     /// running are moved to a background task, so every instance gets the
     /// request and its reply is handled (a late grant is renewed and released
     /// like the others).
+    ///
+    /// `out` holds answers already had (of a lead instance asked first); the
+    /// instances without one are asked.
     pub(super) async fn on_quorum(
         &self,
         timeout: Duration,
-        op: Call,
+        op: Arc<Call>,
         success: fn(&OpAnswer) -> bool,
+        mut out: Vec<Option<Answer<OpAnswer>>>,
     ) -> Vec<Option<Answer<OpAnswer>>> {
         use futures::stream::{FuturesUnordered, StreamExt};
         let n = self.inner.instances.len();
-        let skip = match op {
+        let skip = match *op {
             Call::Acquire(..) => Skip::Down,
             Call::Release(..) => Skip::Never,
         };
-        let op = Arc::new(op);
         let mut calls: FuturesUnordered<_> = (0..n)
+            .filter(|&i| out[i].is_none())
             .map(|i| {
                 let (inner, op) = (self.inner.clone(), op.clone());
                 async move { (i, inner.run_on(i, timeout, skip, |node| op.run(node)).await) }
             })
             .collect();
-        let mut out: Vec<Option<Answer<OpAnswer>>> = (0..n).map(|_| None).collect();
-        let mut ok = 0;
+        let mut ok = out
+            .iter()
+            .filter(|a| matches!(a, Some(Answer::Ok(a)) if success(a)))
+            .count();
         while let Some((i, answer)) = calls.next().await {
             if matches!(&answer, Answer::Ok(a) if success(a)) {
                 ok += 1;
@@ -118,7 +124,13 @@ impl RedlockBackend {
     /// One Redlock round, as one op on every instance. Undone on every
     /// instance that granted (or may have) unless it reaches a majority in
     /// time; undone in the background if the caller drops it.
-    pub(super) async fn attempt(&self, req: &Request) -> Result<Round> {
+    ///
+    /// `lead_first` (a waiter's rounds): the first instance not known to be
+    /// down is asked alone first, and the others only if it grants. Waiters
+    /// that all ask it first cannot split the votes: it picks one, whose
+    /// requests to the others then meet no rival. A refusal there ends the
+    /// round; an instance that fails to answer is asked again with the others.
+    pub(super) async fn attempt(&self, req: &Request, lead_first: bool) -> Result<Round> {
         let start = Instant::now();
         let timeout = self.timeout_for(Some(req.ttl));
         let proposal = self.propose();
@@ -128,11 +140,39 @@ impl RedlockBackend {
             owner: req.owner.to_string(),
             op: self.inner.ops.next(),
         };
-        let call = Call::Acquire(req.clone(), proposal, pending.op.clone());
+        let call = Arc::new(Call::Acquire(req.clone(), proposal, pending.op.clone()));
+        let n = self.inner.instances.len();
+        let mut had: Vec<Option<Answer<OpAnswer>>> = (0..n).map(|_| None).collect();
+        if lead_first
+            && let Some(lead) = (0..n).find(|&i| self.inner.instances[i].is_down().is_none())
+        {
+            let answer = self
+                .inner
+                .run_on(lead, timeout, Skip::Down, |node| call.run(node))
+                .await;
+            match answer {
+                Answer::Ok(OpAnswer::Acquire(Attempt::Busy { left, server_us })) => {
+                    self.observe([server_us]);
+                    pending.settle();
+                    return Ok(Round::Busy {
+                        hint: left,
+                        split: false,
+                    });
+                }
+                granted @ Answer::Ok(OpAnswer::Acquire(Attempt::Granted { .. })) => {
+                    had[lead] = Some(granted);
+                }
+                // Asked again below with the others (the op acts once).
+                _ => {}
+            }
+        }
         let answers = self
-            .on_quorum(timeout, call, |a| {
-                matches!(a, OpAnswer::Acquire(Attempt::Granted { .. }))
-            })
+            .on_quorum(
+                timeout,
+                call,
+                |a| matches!(a, OpAnswer::Acquire(Attempt::Granted { .. })),
+                had,
+            )
             .await;
         let mut granted = Vec::new();
         let mut busy = 0;
@@ -228,7 +268,8 @@ impl RedlockBackend {
         } else {
             |a| matches!(a, OpAnswer::Release(..))
         };
-        let answers = self.on_quorum(timeout, call, success).await;
+        let none = (0..self.inner.instances.len()).map(|_| None).collect();
+        let answers = self.on_quorum(timeout, Arc::new(call), success, none).await;
         self.observe(answers.iter().filter_map(|a| match a {
             Some(Answer::Ok(OpAnswer::Release(_, _, at))) => Some(*at),
             _ => None,
