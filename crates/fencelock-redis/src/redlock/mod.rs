@@ -12,7 +12,13 @@
 //!   it or may have run it — exactly what it granted, never a hold that came
 //!   another way (a concurrent handoff to the same waiter) — and the attempt
 //!   counts as busy; waiters retry after a jittered delay, or at once when an
-//!   instance publishes a release. A round in which too few instances answered
+//!   instance publishes a release. A waiter's retries ask the first instance
+//!   not known to be down alone first, and the others only when it grants:
+//!   waiters that all ask it first cannot split the votes between them (a
+//!   retry costs two round trips when it gets that far). A round whose votes
+//!   split anyway (a first attempt among waiters, an instance that restarted
+//!   empty) backs off for a random time in a window that doubles with each
+//!   split (2 ms to 50 ms). A round in which too few instances answered
 //!   in time (alive but slow) is retried until the caller's deadline; one in
 //!   which too few can be reached fails at once. An acquire dropped while in
 //!   flight is undone in the background.
