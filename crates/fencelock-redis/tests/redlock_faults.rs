@@ -139,6 +139,60 @@ async fn waiters_go_on_when_the_lead_instance_is_down() {
     assert_eq!(summary.holds, 160);
 }
 
+/// A hold left on the lead instance alone (here: a holder whose hold went
+/// from the others, as after a round it never finished, and which published no
+/// release) keeps a waiter from a lock free on a majority for about a second,
+/// not for that hold's TTL: a waiter that hears of no release asks every
+/// instance at once now and then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_left_on_the_lead_alone_does_not_keep_waiters_for_its_ttl() {
+    let five = Five::start();
+    let url = five.url();
+    let key = format!("ghost-{}", uuid_like());
+    let holder = Locker::new(RedlockBackend::connect(&url).await.unwrap());
+    let g = holder
+        .lock(&key)
+        .ttl(Duration::from_secs(60))
+        .acquire()
+        .await
+        .unwrap();
+    let waiter = Locker::new(RedlockBackend::connect(&url).await.unwrap());
+    let wait = tokio::spawn({
+        let key = key.clone();
+        async move {
+            let start = Instant::now();
+            let got = waiter
+                .lock(&key)
+                .ttl(Duration::from_secs(10))
+                .wait(Duration::from_secs(20))
+                .acquire()
+                .await;
+            (got, start.elapsed())
+        }
+    });
+    // The waiter is refused and waits, asking the lead (instance 0) first.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for port in &five.ports[1..] {
+        let _: i64 =
+            on_instance(*port, redis::cmd("DEL").arg(format!("fencelock:{{{key}}}"))).await;
+    }
+    assert!(
+        holder_on(five.ports[0], &key).await.is_some(),
+        "the lead's hold is gone"
+    );
+    let (got, waited) = tokio::time::timeout(Duration::from_secs(60), wait)
+        .await
+        .expect("the waiter hung")
+        .unwrap();
+    let got = got.unwrap_or_else(|e| {
+        panic!("a waiter gave up after {waited:?} on a lock free on 4 of 5 instances: {e}")
+    });
+    // Well before the lead's hold (60 s) would lapse.
+    assert!(waited < Duration::from_secs(15), "granted after {waited:?}");
+    got.release().await.unwrap();
+    std::mem::forget(g);
+}
+
 /// The lead instance answers too slowly for its timeout: a waiter's round
 /// asks the others after it, grants go on, exclusive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,16 +11,22 @@
 //!   positive. Otherwise the operation is undone on every instance that granted
 //!   it or may have run it — exactly what it granted, never a hold that came
 //!   another way (a concurrent handoff to the same waiter) — and the attempt
-//!   counts as busy; waiters retry after a jittered delay, or at once when an
-//!   instance publishes a release. A waiter's retries ask the first instance
-//!   not known to be down alone first, and the others only when it grants:
-//!   waiters that all ask it first cannot split the votes between them (a
-//!   retry costs two round trips when it gets that far). A round whose votes
-//!   split anyway (a first attempt among waiters, an instance that restarted
-//!   empty) backs off for a random time in a window that doubles with each
-//!   split (2 ms to 50 ms). A round in which too few instances answered
-//!   in time (alive but slow) is retried until the caller's deadline; one in
-//!   which too few can be reached fails at once. An acquire dropped while in
+//!   counts as busy; waiters retry after a jittered delay, or when an instance
+//!   publishes a release. A waiter's retries ask the first instance that has
+//!   not failed for 10 s alone first, and the others only when it grants:
+//!   waiters that all ask it first do not split the votes between them (such
+//!   a round is two rounds of requests; a lead that fails costs it the
+//!   instance timeout once). A waiter that heard of no release for a second
+//!   asks every instance at once instead, so that a hold left on the lead
+//!   alone keeps no one from a lock free on a majority for longer. A round
+//!   whose votes split anyway (a first attempt meeting a waiter's round,
+//!   clients that disagree on the lead, an instance that restarted empty)
+//!   backs off before the next, for a random time in a window that doubles
+//!   with each split (2 ms to 50 ms), after a wake-up too. A round in which
+//!   too few instances answered in time (alive but slow) is retried until the
+//!   caller's deadline; one in which too few can be reached fails at once (a
+//!   waiter's lead round, refused by the lead, learns it within about a
+//!   second, at its next round to every instance). An acquire dropped while in
 //!   flight is undone in the background.
 //! - **Renew** (the watchdog's batch): one script per instance for all leases;
 //!   a lease stays held only if a majority renewed it within its validity.
@@ -173,6 +179,19 @@ const SPLIT_BACKOFF: Duration = Duration::from_millis(2);
 /// instance must not cost every operation its timeout); then one call probes it.
 const DOWN_FOR: Duration = Duration::from_secs(1);
 
+/// An instance leads a waiter's round (see `attempt`) only when it has not
+/// failed for this long: a lead that does not answer costs the round its
+/// timeout before the others are asked.
+const LEAD_AFTER_FAILURE: Duration = Duration::from_secs(10);
+
+/// A waiter that heard of no release for this long asks every instance at
+/// once, not the lead first (see `acquire`).
+const LEADERLESS_AFTER: Duration = Duration::from_secs(1);
+
+/// The most split votes a waiter remembers (its backoff window is then the
+/// largest, and it fades within this many refusals by a holder).
+const MAX_SPLITS: u32 = 8;
+
 /// One instance, connected lazily: an instance that is down when the backend
 /// is created joins once it answers.
 struct Instance {
@@ -182,6 +201,8 @@ struct Instance {
     /// Skip the instance until then (it failed recently), and whether it was
     /// slow (timed out) rather than unreachable.
     down_until: std::sync::Mutex<Option<(Instant, bool)>>,
+    /// When the instance last failed (connection trouble or no answer in time).
+    failed_at: std::sync::Mutex<Option<Instant>>,
 }
 
 impl Instance {
@@ -195,6 +216,18 @@ impl Instance {
     fn mark(&self, failed: Option<bool>) {
         let mut down = self.down_until.lock().unwrap_or_else(|p| p.into_inner());
         *down = failed.map(|slow| (Instant::now() + DOWN_FOR, slow));
+        if failed.is_some() {
+            *self.failed_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        }
+    }
+
+    /// Whether the instance may lead a waiter's round: it has not failed for
+    /// [`LEAD_AFTER_FAILURE`].
+    fn may_lead(&self) -> bool {
+        self.failed_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none_or(|t| t.elapsed() >= LEAD_AFTER_FAILURE)
     }
 }
 
@@ -540,10 +573,12 @@ impl Backend for RedlockBackend {
         // that one of them soon asks alone; before asking again after a wake-up,
         // too, while the splits it saw have not faded.
         let mut splits = u32::from(split);
+        // When this waiter last heard of a release.
+        let mut news = Instant::now();
         loop {
             if splits > 0 {
                 let window = SPLIT_BACKOFF
-                    .saturating_mul(1 << splits.min(8))
+                    .saturating_mul(1 << (splits - 1))
                     .min(RETRY_DELAY);
                 let pause = Duration::from_micros(fastrand::u64(0..=window.as_micros() as u64));
                 let mut until = Instant::now() + pause;
@@ -559,13 +594,20 @@ impl Backend for RedlockBackend {
             for n in &mut notified {
                 n.as_mut().enable();
             }
-            // A waiter asks the lead instance first (see `attempt`).
-            let (hint, split) = match after(self.attempt(req, true).await?)? {
+            // A waiter asks the lead instance first (see `attempt`), but every
+            // instance at once when it heard of no release for a while, so
+            // that a hold left on the lead alone (a holder killed mid-round,
+            // an undo that did not reach it) keeps no one waiting for long.
+            let lead_first = news.elapsed() < LEADERLESS_AFTER;
+            if !lead_first {
+                news = Instant::now();
+            }
+            let (hint, split) = match after(self.attempt(req, lead_first).await?)? {
                 std::ops::ControlFlow::Break(g) => return Ok(g),
                 std::ops::ControlFlow::Continue(next) => next,
             };
             if split {
-                splits += 1;
+                splits = (splits + 1).min(MAX_SPLITS);
                 continue;
             }
             // Refused by a holder: the contention it learned fades slowly, so
@@ -585,7 +627,7 @@ impl Backend for RedlockBackend {
                 }
             };
             tokio::select! {
-                _ = any => {}
+                _ = any => news = Instant::now(),
                 _ = tokio::time::sleep_until(until) => {}
             }
         }
@@ -764,6 +806,7 @@ fn instances_of(u: &BackendUrl) -> Result<(Vec<Instance>, RedisOptions)> {
             target,
             node: OnceCell::new(),
             down_until: std::sync::Mutex::new(None),
+            failed_at: std::sync::Mutex::new(None),
         });
     }
     Ok((instances, options))

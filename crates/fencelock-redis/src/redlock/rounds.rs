@@ -125,11 +125,14 @@ impl RedlockBackend {
     /// instance that granted (or may have) unless it reaches a majority in
     /// time; undone in the background if the caller drops it.
     ///
-    /// `lead_first` (a waiter's rounds): the first instance not known to be
-    /// down is asked alone first, and the others only if it grants. Waiters
-    /// that all ask it first cannot split the votes: it picks one, whose
-    /// requests to the others then meet no rival. A refusal there ends the
-    /// round; an instance that fails to answer is asked again with the others.
+    /// `lead_first` (a waiter's rounds after split votes): the first instance
+    /// that has not failed lately is asked alone first, and the others only if
+    /// it grants. Waiters that all ask it first cannot split the votes: it
+    /// picks one, whose requests to the others then meet no rival. A refusal
+    /// there ends the round. A lead that fails is marked down and the round
+    /// goes on without it, as any round does (what the op may have done there
+    /// is undone with the rest if the round fails, and released with the lease
+    /// if it succeeds).
     pub(super) async fn attempt(&self, req: &Request, lead_first: bool) -> Result<Round> {
         let start = Instant::now();
         let timeout = self.timeout_for(Some(req.ttl));
@@ -144,7 +147,10 @@ impl RedlockBackend {
         let n = self.inner.instances.len();
         let mut had: Vec<Option<Answer<OpAnswer>>> = (0..n).map(|_| None).collect();
         if lead_first
-            && let Some(lead) = (0..n).find(|&i| self.inner.instances[i].is_down().is_none())
+            && let Some(lead) = (0..n).find(|&i| {
+                let inst = &self.inner.instances[i];
+                inst.is_down().is_none() && inst.may_lead()
+            })
         {
             let answer = self
                 .inner
@@ -162,7 +168,8 @@ impl RedlockBackend {
                 granted @ Answer::Ok(OpAnswer::Acquire(Attempt::Granted { .. })) => {
                     had[lead] = Some(granted);
                 }
-                // Asked again below with the others (the op acts once).
+                // Failed (marked down: skipped below) or an error answer
+                // (asked again below: the op acts once).
                 _ => {}
             }
         }
