@@ -305,8 +305,8 @@ enum Skip {
 enum Round {
     Granted(Grant),
     /// Refused by enough instances; retry after about this long. `split`:
-    /// some instances granted it, too few (others' requests took the rest:
-    /// a collision of waiters, not a holder).
+    /// some instances granted it, too few (most often other waiters' requests
+    /// took the rest; also when an instance missed a holder's hold).
     Busy {
         hint: Duration,
         split: bool,

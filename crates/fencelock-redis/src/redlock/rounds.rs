@@ -125,9 +125,10 @@ impl RedlockBackend {
     /// instance that granted (or may have) unless it reaches a majority in
     /// time; undone in the background if the caller drops it.
     ///
-    /// `lead_first` (a waiter's rounds after split votes): the first instance
-    /// that has not failed lately is asked alone first, and the others only if
-    /// it grants. Waiters that all ask it first cannot split the votes: it
+    /// `lead_first` (a waiter's rounds, but for one a second when it hears of
+    /// no release): the first instance that has not failed lately is asked
+    /// alone first, and the others only if it grants. Waiters that all ask it
+    /// first cannot split the votes: it
     /// picks one, whose requests to the others then meet no rival. A refusal
     /// there ends the round. A lead that fails is marked down and the round
     /// goes on without it, as any round does (what the op may have done there
