@@ -139,6 +139,43 @@ async fn waiters_go_on_when_the_lead_instance_is_down() {
     assert_eq!(summary.holds, 160);
 }
 
+/// An instance that answers after the majority mints its own, later token for
+/// the same hold (the first grant of a backend proposes none). `inspect` shows
+/// the token the guard has — the one a majority of instances holds — not the
+/// late instance's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_shows_the_guards_token_when_an_instance_answered_late() {
+    let five = Five::start();
+    let proxy = FaultProxy::start(format!("127.0.0.1:{}", five.ports[4]).parse().unwrap())
+        .await
+        .unwrap();
+    let hosts: Vec<String> = five.ports[..4]
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .chain(std::iter::once(proxy.addr().to_string()))
+        .collect();
+    let url = format!("redlock://{}?instance_timeout=2s", hosts.join(","));
+    let locker = Locker::new(RedlockBackend::connect(&url).await.unwrap());
+    proxy.set_latency(Duration::from_millis(300));
+    let key = format!("late-{}", uuid_like());
+    let g = locker
+        .lock(&key)
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    // The late instance's grant has arrived.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let info = locker
+        .inspect(&key)
+        .await
+        .unwrap()
+        .expect("inspect found nothing");
+    assert_eq!(info.holders.len(), 1, "{info:?}");
+    assert_eq!(info.holders[0].token, g.token(), "{info:?}");
+    g.release().await.unwrap();
+}
+
 /// A hold left on the lead instance alone (here: a holder whose hold went
 /// from the others, as after a round it never finished, and which published no
 /// release) keeps a waiter from a lock free on a majority for about a second,

@@ -711,7 +711,10 @@ impl Backend for RedlockBackend {
                     .filter(|i| i.holders.iter().any(|x| x.owner == h.owner))
                     .count();
                 if on >= self.quorum() && !holders.iter().any(|x| x.owner == h.owner) {
-                    let token = infos
+                    // The token a majority holds (at least): the guard's. An
+                    // instance that granted after the majority answered may
+                    // hold a later one of its own.
+                    let mut tokens: Vec<_> = infos
                         .iter()
                         .flat_map(|i| {
                             i.holders
@@ -719,8 +722,9 @@ impl Backend for RedlockBackend {
                                 .filter(|x| x.owner == h.owner)
                                 .map(|x| x.token)
                         })
-                        .max()
-                        .flatten();
+                        .collect();
+                    tokens.sort_unstable_by(|a, b| b.cmp(a));
+                    let token = tokens.get(self.quorum() - 1).copied().flatten();
                     holders.push(HolderInfo::new(
                         h.owner.clone(),
                         h.mode,
