@@ -26,7 +26,70 @@ const SCHEMA: &[&str] = &[
         expires_at timestamptz NOT NULL,
         PRIMARY KEY (key, owner)
     )",
-    r"CREATE OR REPLACE FUNCTION fencelock_acquire(k text, o text, m text, ttl_ms bigint, reent boolean, permits integer)
+    // The wait a hold was made for (`NULL`: none): leaving that wait takes
+    // back a hold it did not take up. Added to tables of older versions only
+    // if missing (an ALTER would lock the table at every connect).
+    r"DO $fl$ BEGIN
+        IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                       WHERE attrelid = 'fencelock_locks'::regclass AND attname = 'grant_id' AND NOT attisdropped) THEN
+            ALTER TABLE fencelock_locks ADD COLUMN grant_id text;
+        END IF;
+    END $fl$",
+    // Exclusive waiters of any process, in the order they came (`seq`): a
+    // free lock goes to the first live one, and a release hands it there
+    // (see `fencelock_hand_on`). A place lapses at `stands_until` unless its
+    // wait asks again; `gone` marks a wait that gave up (a late attempt of it
+    // grants nothing).
+    r"CREATE TABLE IF NOT EXISTS fencelock_waiters (
+        key          text        NOT NULL,
+        wait_id      text        NOT NULL,
+        seq          bigserial   NOT NULL,
+        owner        text        NOT NULL,
+        ttl_ms       bigint      NOT NULL,
+        chan         text,
+        attempt      bigint      NOT NULL,
+        gone         boolean     NOT NULL DEFAULT false,
+        stands_until timestamptz NOT NULL,
+        PRIMARY KEY (key, wait_id)
+    )",
+    r"CREATE INDEX IF NOT EXISTS fencelock_waiters_order ON fencelock_waiters (key, seq)",
+    // Lets the lock go to the first live waiter where it stands, if the key
+    // has no holder left and that waiter asked for it (`chan`): a new token,
+    // the waiter's TTL from now, the hold marked as its wait's; the grant is
+    // sent on its channel as `wait_id attempt token` (the attempt whose
+    // request it answers). True if it did. The caller holds the fence row.
+    r"CREATE OR REPLACE FUNCTION fencelock_hand_on(k text) RETURNS boolean
+    LANGUAGE plpgsql AS $fl$
+    DECLARE
+        f bigint;
+        w record;
+    BEGIN
+        DELETE FROM fencelock_locks l WHERE l.key = k AND l.owner <> '' AND l.expires_at <= now();
+        PERFORM 1 FROM fencelock_locks l WHERE l.key = k AND l.owner <> '';
+        IF FOUND THEN
+            RETURN false;
+        END IF;
+        SELECT q.wait_id, q.owner, q.ttl_ms, q.chan, q.attempt INTO w FROM fencelock_waiters q
+            WHERE q.key = k AND q.stands_until > now() AND NOT q.gone ORDER BY q.seq LIMIT 1;
+        IF NOT FOUND OR w.chan IS NULL THEN
+            RETURN false;
+        END IF;
+        UPDATE fencelock_locks l SET fence = l.fence + 1 WHERE l.key = k AND l.owner = '' RETURNING l.fence INTO f;
+        INSERT INTO fencelock_locks (key, owner, mode, holds, fence, expires_at, grant_id)
+            VALUES (k, w.owner, 'exclusive', 1, f, now() + w.ttl_ms * interval '1 millisecond', w.wait_id);
+        DELETE FROM fencelock_waiters q WHERE q.key = k AND q.wait_id = w.wait_id;
+        -- A grant: durable before it is answered, as every grant.
+        PERFORM set_config('synchronous_commit', 'on', true);
+        PERFORM pg_notify(w.chan, w.wait_id || ' ' || w.attempt || ' ' || f);
+        RETURN true;
+    END
+    $fl$",
+    // One acquire attempt. `wid`: the wait it belongs to (NULL: a try, or the
+    // first attempt); while refused, an exclusive wait stands in the queue for
+    // `stand_ms`, with `chan` if it can be handed the lock there. `barge`: a
+    // handoff within one process, which goes ahead of the queue.
+    r"CREATE OR REPLACE FUNCTION fencelock_acquire(k text, o text, m text, ttl_ms bigint, reent boolean, permits integer,
+        wid text, chan text, attempt bigint, stand_ms bigint, barge boolean)
     RETURNS TABLE (ok boolean, tok bigint, cnt integer, wait bigint)
     LANGUAGE plpgsql AS $fl$
     DECLARE
@@ -36,6 +99,10 @@ const SCHEMA: &[&str] = &[
         all_shared boolean;
         all_sema boolean;
         first_exp timestamptz;
+        my_seq bigint;
+        my_gone boolean;
+        head_until timestamptz;
+        busy boolean;
     BEGIN
         -- A grant counts once it is durable, whatever the server, database or
         -- role sets: a grant lost in a crash would let another owner in (and
@@ -43,14 +110,32 @@ const SCHEMA: &[&str] = &[
         PERFORM set_config('synchronous_commit', 'on', true);
         INSERT INTO fencelock_locks (key, owner, mode, holds, fence, expires_at)
             VALUES (k, '', '', 0, 0, 'infinity') ON CONFLICT DO NOTHING;
-        -- The fence row serializes every change of this key.
+        -- The fence row serializes every change of this key, its queue too.
         SELECT l.fence INTO f FROM fencelock_locks l WHERE l.key = k AND l.owner = '' FOR UPDATE;
         DELETE FROM fencelock_locks l WHERE l.key = k AND l.owner <> '' AND l.expires_at <= now();
-        SELECT l.mode, l.holds, l.fence INTO h FROM fencelock_locks l WHERE l.key = k AND l.owner = o;
+        DELETE FROM fencelock_waiters q WHERE q.key = k AND q.stands_until <= now();
+        IF wid IS NOT NULL THEN
+            SELECT q.seq, q.gone INTO my_seq, my_gone FROM fencelock_waiters q WHERE q.key = k AND q.wait_id = wid;
+            IF my_gone THEN
+                -- A late attempt of a wait that gave up.
+                RETURN QUERY SELECT false, 0::bigint, 0, 0::bigint;
+                RETURN;
+            END IF;
+        END IF;
+        SELECT l.mode, l.holds, l.fence, l.grant_id INTO h FROM fencelock_locks l WHERE l.key = k AND l.owner = o;
         IF FOUND THEN
             IF h.mode <> m THEN
                 RAISE EXCEPTION 'owner % already holds % as %; a reentrant acquire must ask for the same mode (asked %)',
                     o, k, h.mode, m USING ERRCODE = 'FL001';
+            END IF;
+            IF wid IS NOT NULL AND h.grant_id = wid THEN
+                -- The hold made for this wait (handed where it stood, or an
+                -- earlier attempt's): taken up as it is.
+                UPDATE fencelock_locks l SET expires_at = greatest(l.expires_at, now() + ttl_ms * interval '1 millisecond')
+                    WHERE l.key = k AND l.owner = o;
+                DELETE FROM fencelock_waiters q WHERE q.key = k AND q.wait_id = wid;
+                RETURN QUERY SELECT true, h.fence, h.holds, 0::bigint;
+                RETURN;
             END IF;
             UPDATE fencelock_locks l SET holds = l.holds + reent::int,
                 expires_at = greatest(l.expires_at, now() + ttl_ms * interval '1 millisecond')
@@ -71,24 +156,55 @@ const SCHEMA: &[&str] = &[
                     k, substr(h.mode, 11), substr(m, 11) USING ERRCODE = 'FL001';
             END IF;
         END IF;
-        IF n > 0 AND NOT ((m = 'shared' AND all_shared) OR (m LIKE 'semaphore:%' AND all_sema AND n < permits)) THEN
+        busy := n > 0 AND NOT ((m = 'shared' AND all_shared) OR (m LIKE 'semaphore:%' AND all_sema AND n < permits));
+        IF NOT busy AND m = 'exclusive' AND NOT barge THEN
+            -- A free lock goes to the first live waiter in the queue.
+            SELECT q.stands_until INTO head_until FROM fencelock_waiters q
+                WHERE q.key = k AND q.stands_until > now() AND NOT q.gone AND (my_seq IS NULL OR q.seq < my_seq)
+                ORDER BY q.seq LIMIT 1;
+            IF FOUND THEN
+                busy := true;
+                first_exp := head_until;
+            END IF;
+        END IF;
+        IF busy THEN
+            IF wid IS NOT NULL AND m = 'exclusive' AND stand_ms > 0 THEN
+                INSERT INTO fencelock_waiters AS q (key, wait_id, owner, ttl_ms, chan, attempt, stands_until)
+                    VALUES (k, wid, o, ttl_ms, chan, attempt, now() + stand_ms * interval '1 millisecond')
+                    ON CONFLICT (key, wait_id) DO UPDATE SET owner = EXCLUDED.owner, ttl_ms = EXCLUDED.ttl_ms,
+                        chan = EXCLUDED.chan, attempt = EXCLUDED.attempt, stands_until = EXCLUDED.stands_until;
+            END IF;
+            -- Nothing granted: a place lost in a crash is asked for again.
+            PERFORM set_config('synchronous_commit', 'off', true);
             RETURN QUERY SELECT false, 0::bigint, 0, greatest(0, extract(epoch FROM first_exp - now()) * 1000)::bigint;
             RETURN;
         END IF;
         f := f + 1;
         UPDATE fencelock_locks l SET fence = f WHERE l.key = k AND l.owner = '';
-        INSERT INTO fencelock_locks (key, owner, mode, holds, fence, expires_at)
-            VALUES (k, o, m, 1, f, now() + ttl_ms * interval '1 millisecond');
+        INSERT INTO fencelock_locks (key, owner, mode, holds, fence, expires_at, grant_id)
+            VALUES (k, o, m, 1, f, now() + ttl_ms * interval '1 millisecond', CASE WHEN m = 'exclusive' THEN wid END);
+        IF my_seq IS NOT NULL THEN
+            DELETE FROM fencelock_waiters q WHERE q.key = k AND q.wait_id = wid;
+        END IF;
         RETURN QUERY SELECT true, f, 1, 0::bigint;
     END
+    $fl$",
+    // The call of earlier versions: an attempt that neither stands in the
+    // queue nor goes ahead of it.
+    r"CREATE OR REPLACE FUNCTION fencelock_acquire(k text, o text, m text, ttl_ms bigint, reent boolean, permits integer)
+    RETURNS TABLE (ok boolean, tok bigint, cnt integer, wait bigint)
+    LANGUAGE sql AS $fl$
+        SELECT * FROM fencelock_acquire(k, o, m, ttl_ms, reent, permits, NULL, NULL, 0, 0, false)
     $fl$",
     // Gives one hold back: the holds left, or -1 if `o` holds no live row
     // with token `t` (an owner whose hold was broken may hold the key again,
     // anew: that grant is not this one's).
-    // `notify`: announce a free lock to waiters (not when handing it over).
-    // A plain release commits without waiting for the WAL flush: if a crash
-    // loses it, the row comes back and expires after its TTL — later than
-    // asked, never two holders. Grants and renewals stay synchronous.
+    // `notify`: let the lock go on to the next waiter (not when the caller
+    // hands it over itself): hand it to the first in the queue where it
+    // stands, else wake the waiters. A plain release commits without waiting
+    // for the WAL flush: if a crash loses it, the row comes back and expires
+    // after its TTL — later than asked, never two holders. Grants (a hold
+    // handed on) and renewals stay synchronous.
     r"CREATE OR REPLACE FUNCTION fencelock_release(k text, o text, t bigint, notify boolean) RETURNS integer
     LANGUAGE plpgsql AS $fl$
     DECLARE
@@ -107,15 +223,17 @@ const SCHEMA: &[&str] = &[
             RETURN c - 1;
         END IF;
         DELETE FROM fencelock_locks l WHERE l.key = k AND l.owner = o;
-        IF notify THEN
+        IF notify AND NOT fencelock_hand_on(k) THEN
             PERFORM set_config('synchronous_commit', 'off', true);
             PERFORM pg_notify('fencelock', k);
         END IF;
         RETURN 0;
     END
     $fl$",
-    // Release by `o` and, if that frees the lock, acquire for `n` in the same
-    // transaction: nobody can slip in between.
+    // Release by `o` and, if that frees the lock, acquire for `n` (the next
+    // waiter of the releasing process) in the same transaction: nobody can
+    // slip in between. If `n` cannot have it, the lock goes on as after a
+    // release.
     r"CREATE OR REPLACE FUNCTION fencelock_handoff(k text, o text, t bigint, n text, m text, ttl_ms bigint, reent boolean, permits integer)
     RETURNS TABLE (lft integer, ok boolean, tok bigint, cnt integer)
     LANGUAGE plpgsql AS $fl$
@@ -128,11 +246,38 @@ const SCHEMA: &[&str] = &[
             RETURN QUERY SELECT c, false, 0::bigint, 0;
             RETURN;
         END IF;
-        SELECT * INTO a FROM fencelock_acquire(k, n, m, ttl_ms, reent, permits);
-        IF NOT a.ok THEN
+        SELECT * INTO a FROM fencelock_acquire(k, n, m, ttl_ms, reent, permits, NULL, NULL, 0, 0, true);
+        IF NOT a.ok AND NOT fencelock_hand_on(k) THEN
             PERFORM pg_notify('fencelock', k);
         END IF;
         RETURN QUERY SELECT 0, a.ok, a.tok, a.cnt;
+    END
+    $fl$",
+    // A wait gives up: it leaves the queue (its place marked gone, so that a
+    // late attempt of it grants nothing) and takes back a hold made for it
+    // that it did not take up, letting the lock go on. True if it took one
+    // back.
+    r"CREATE OR REPLACE FUNCTION fencelock_leave(k text, wid text, stand_ms bigint) RETURNS boolean
+    LANGUAGE plpgsql AS $fl$
+    BEGIN
+        PERFORM set_config('synchronous_commit', 'on', true);
+        PERFORM 1 FROM fencelock_locks l WHERE l.key = k AND l.owner = '' FOR UPDATE;
+        IF NOT FOUND THEN
+            RETURN false;
+        END IF;
+        INSERT INTO fencelock_waiters AS q (key, wait_id, owner, ttl_ms, chan, attempt, gone, stands_until)
+            VALUES (k, wid, '', 0, NULL, 0, true, now() + stand_ms * interval '1 millisecond')
+            ON CONFLICT (key, wait_id) DO UPDATE SET gone = true, chan = NULL, stands_until = EXCLUDED.stands_until;
+        DELETE FROM fencelock_locks l WHERE l.key = k AND l.owner <> '' AND l.grant_id = wid;
+        IF NOT FOUND THEN
+            -- Nothing taken back: a lost leave only lets the place lapse.
+            PERFORM set_config('synchronous_commit', 'off', true);
+            RETURN false;
+        END IF;
+        IF NOT fencelock_hand_on(k) THEN
+            PERFORM pg_notify('fencelock', k);
+        END IF;
+        RETURN true;
     END
     $fl$",
 ];
@@ -152,27 +297,61 @@ pub(crate) async fn create_schema(db: &Db) -> Result<()> {
     tx.commit().await.map_err(db.err())
 }
 
-/// One acquire attempt: `Ok(token, holds)` or `Err(time until the first holder expires)`.
+/// Where an attempt stands while refused: the wait it belongs to and how it
+/// may be handed the lock there (see `fencelock_hand_on`).
+pub(crate) struct Standing<'a> {
+    /// The wait's id: holds made for it carry it (`grant_id`).
+    pub(crate) wait: &'a str,
+    /// The backend's grant channel, if it listens on it already.
+    pub(crate) channel: Option<&'a str>,
+    /// This attempt's number within the wait (a handed grant names it).
+    pub(crate) attempt: u64,
+    /// How long the place lasts unless asked for again.
+    pub(crate) place: Duration,
+}
+
+/// One acquire attempt: `Ok(token, holds)` or `Err(time until the first
+/// holder expires or the queue's head must ask again)`. With `standing`, a
+/// refused exclusive attempt keeps its wait's place in the key's queue.
 pub(crate) async fn attempt(
     db: &Db,
     req: &Request,
+    standing: Option<&Standing<'_>>,
 ) -> Result<std::result::Result<(u64, u32), Duration>> {
-    let (ok, token, holds, wait): (bool, i64, i32, i64) =
-        sqlx::query_as("SELECT ok, tok, cnt, wait FROM fencelock_acquire($1, $2, $3, $4, $5, $6)")
-            .bind(req.key.as_str())
-            .bind(req.owner.as_str())
-            .bind(req.mode.as_label())
-            .bind(req.ttl.as_millis() as i64)
-            .bind(req.reentrant)
-            .bind(permits(req.mode))
-            .fetch_one(&db.pool)
-            .await
-            .map_err(db.err())?;
+    let (ok, token, holds, wait): (bool, i64, i32, i64) = sqlx::query_as(
+        "SELECT ok, tok, cnt, wait FROM fencelock_acquire($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, false)",
+    )
+    .bind(req.key.as_str())
+    .bind(req.owner.as_str())
+    .bind(req.mode.as_label())
+    .bind(req.ttl.as_millis() as i64)
+    .bind(req.reentrant)
+    .bind(permits(req.mode))
+    .bind(standing.map(|s| s.wait))
+    .bind(standing.and_then(|s| s.channel))
+    .bind(standing.map_or(0, |s| s.attempt as i64))
+    .bind(standing.map_or(0, |s| s.place.as_millis() as i64))
+    .fetch_one(&db.pool)
+    .await
+    .map_err(db.err())?;
     Ok(if ok {
         Ok((token as u64, holds as u32))
     } else {
         Err(Duration::from_millis(wait.max(0) as u64))
     })
+}
+
+/// The wait `wait` gives up: it leaves `key`'s queue and takes back a hold
+/// made for it that it did not take up (passing the lock on). True if it
+/// took one back.
+pub(crate) async fn leave(db: &Db, key: &Key, wait: &str, place: Duration) -> Result<bool> {
+    sqlx::query_scalar("SELECT fencelock_leave($1, $2, $3)")
+        .bind(key.as_str())
+        .bind(wait)
+        .bind(place.as_millis() as i64)
+        .fetch_one(&db.pool)
+        .await
+        .map_err(db.err())
 }
 
 pub(crate) async fn renew(db: &Db, leases: &[LeaseRef]) -> Result<Vec<Renewal>> {

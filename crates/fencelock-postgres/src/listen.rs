@@ -1,5 +1,7 @@
-//! Lease-mode waiting: one `LISTEN fencelock` connection per backend wakes the
-//! waiters of the key a release names.
+//! Lease-mode waiting: one LISTEN connection per backend wakes the waiters of
+//! the key a release names (channel `fencelock`), and brings the grants that a
+//! release handed to one of this backend's waits where it stood in the queue
+//! (the backend's own grant channel; see `fencelock_hand_on`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -11,13 +13,135 @@ use tokio::sync::Notify;
 /// The channel releases `NOTIFY` with the key as payload.
 pub(crate) const CHANNEL: &str = "fencelock";
 
-/// Waiters by key. The listener task holds only a weak reference to this.
-#[derive(Default)]
+/// Waiters by key, and waits that can be handed the lock by wait id. The
+/// listener task holds only a weak reference to this.
 pub(crate) struct Waiters {
     by_key: Mutex<HashMap<String, Weak<Notify>>>,
+    /// This backend's grant channel.
+    grant_channel: String,
+    slots: Mutex<HashMap<String, Weak<Slot>>>,
+    /// True once the listener listens on the grant channel.
+    hearing: tokio::sync::watch::Sender<bool>,
+}
+
+/// A grant handed to a wait where it stood: its token, and the attempt whose
+/// request it answered.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Handed {
+    pub(crate) token: u64,
+    pub(crate) attempt: u64,
+}
+
+#[derive(Default)]
+struct Slot {
+    handed: Mutex<Option<Handed>>,
+    notify: Notify,
+}
+
+/// Where the grant of one wait arrives; unregistered when dropped.
+pub(crate) struct GrantSlot {
+    waiters: Arc<Waiters>,
+    wait: String,
+    slot: Arc<Slot>,
+}
+
+impl GrantSlot {
+    /// Waits until a grant may have arrived (a permit is kept, so one that
+    /// arrived before this call is not missed).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the grant stays in the slot.
+    pub(crate) async fn arrived(&self) {
+        self.slot.notify.notified().await;
+    }
+
+    /// The grant handed to this wait, if one arrived.
+    pub(crate) fn take(&self) -> Option<Handed> {
+        self.slot
+            .handed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+}
+
+impl Drop for GrantSlot {
+    fn drop(&mut self) {
+        self.waiters
+            .slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.wait);
+    }
+}
+
+impl Default for Waiters {
+    fn default() -> Self {
+        Waiters {
+            by_key: Mutex::default(),
+            grant_channel: format!("fencelock_g_{:016x}", fastrand::u64(..)),
+            slots: Mutex::default(),
+            hearing: tokio::sync::watch::Sender::new(false),
+        }
+    }
 }
 
 impl Waiters {
+    /// The channel a grant for `wait` can be sent on, once the listener hears
+    /// it, with the slot it arrives in.
+    pub(crate) fn expect_grant(self: &Arc<Self>, wait: &str) -> GrantSlot {
+        let slot = Arc::new(Slot::default());
+        self.slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(wait.to_string(), Arc::downgrade(&slot));
+        GrantSlot {
+            waiters: self.clone(),
+            wait: wait.to_string(),
+            slot,
+        }
+    }
+
+    /// The grant channel, if the listener listens on it.
+    pub(crate) fn grant_channel(&self) -> Option<&str> {
+        (*self.hearing.borrow()).then_some(self.grant_channel.as_str())
+    }
+
+    /// Waits (at most `patience`) until the listener hears the grant
+    /// channel; true if it does.
+    pub(crate) async fn hearing(&self, patience: Duration) -> bool {
+        let mut rx = self.hearing.subscribe();
+        matches!(
+            tokio::time::timeout(patience, rx.wait_for(|h| *h)).await,
+            Ok(Ok(_))
+        )
+    }
+
+    /// A grant on the grant channel: `wait_id attempt token`.
+    fn handed(&self, payload: &str) {
+        let mut fields = payload.split(' ');
+        let (Some(wait), Some(attempt), Some(token)) =
+            (fields.next(), fields.next(), fields.next())
+        else {
+            return;
+        };
+        let (Ok(attempt), Ok(token)) = (attempt.parse(), token.parse()) else {
+            return;
+        };
+        let slot = self
+            .slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(wait)
+            .and_then(Weak::upgrade);
+        if let Some(slot) = slot {
+            *slot.handed.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some(Handed { token, attempt });
+            slot.notify.notify_one();
+        }
+    }
+
     /// The wake-up of `key`, shared by every waiter of this backend on it.
     pub(crate) fn of(&self, key: &str) -> Arc<Notify> {
         let mut map = self.by_key.lock().unwrap_or_else(|p| p.into_inner());
@@ -74,9 +198,14 @@ pub(crate) async fn run(options: PgConnectOptions, waiters: Weak<Waiters>) {
                 }
             };
             l.ignore_pool_close_event(true);
-            if l.listen(CHANNEL).await.is_err() {
+            let Some(w) = waiters.upgrade() else { return };
+            if l.listen_all([CHANNEL, w.grant_channel.as_str()])
+                .await
+                .is_err()
+            {
                 continue;
             }
+            w.hearing.send_replace(true);
             listener = Some(l);
         }
         let Some(l) = listener.as_mut() else { continue };
@@ -85,7 +214,11 @@ pub(crate) async fn run(options: PgConnectOptions, waiters: Weak<Waiters>) {
         match next {
             Ok(Ok(Some(n))) => {
                 pause = Duration::from_millis(50);
-                w.wake(n.payload());
+                if n.channel() == CHANNEL {
+                    w.wake(n.payload());
+                } else {
+                    w.handed(n.payload());
+                }
             }
             // The connection dropped (the listener reconnects on the next call):
             // notifications may have been missed, so every waiter re-checks.

@@ -3,6 +3,7 @@
 //! `pg_advisory_lock`, `advisory.rs`). `PostgresBackend` hands every call to
 //! the one its URL asked for.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +23,52 @@ use crate::{NAME, lease};
 
 /// Longest a lease-mode waiter sleeps between checks when no notification comes.
 const MAX_RECHECK: Duration = Duration::from_secs(1);
+
+/// How long a waiter's place in a key's queue lasts unless it asks again: the
+/// place of a waiter that died holds the queue up this long at most.
+const PLACE: Duration = Duration::from_secs(3);
+
+/// How long a wait that gives up waits for the server to confirm it left.
+const LEAVE_PATIENCE: Duration = Duration::from_secs(1);
+
+/// A wait's place in a key's queue: left when the wait ends without a grant,
+/// also when it is cancelled (then by a spawned task). Leaving also takes back
+/// a hold made for the wait that it did not take up, passing the lock on.
+struct InQueue {
+    db: Option<Db>,
+    key: fencelock_core::Key,
+    wait: String,
+}
+
+impl InQueue {
+    /// The wait took its grant: nothing to leave.
+    fn granted(mut self) {
+        self.db = None;
+    }
+
+    async fn leave(mut self) {
+        if let Some(db) = &self.db {
+            // Best effort: a place that is not left lapses by itself, and a
+            // hold made for the wait with its TTL. (If this is cancelled,
+            // `Drop` tries again.)
+            let _ = lease::leave(db, &self.key, &self.wait, PLACE).await;
+        }
+        self.db = None;
+    }
+}
+
+impl Drop for InQueue {
+    fn drop(&mut self) {
+        if let Some(db) = self.db.take()
+            && let Ok(h) = tokio::runtime::Handle::try_current()
+        {
+            let (key, wait) = (self.key.clone(), std::mem::take(&mut self.wait));
+            h.spawn(async move {
+                let _ = lease::leave(&db, &key, &wait, PLACE).await;
+            });
+        }
+    }
+}
 
 /// What both modes can do.
 fn capabilities() -> Capabilities {
@@ -61,6 +108,105 @@ impl LeaseTable {
         Grant::new(Some(FencingToken::new(token)), req.ttl, holds, requested_at)
     }
 
+    /// An exclusive wait: it stands in the key's queue from its first
+    /// attempt, and asks again when woken, when the holder's lease would end,
+    /// and at least every [`PLACE`]/3 (a quarter of its TTL if shorter) to
+    /// keep its place. Once the backend listens on its grant channel, a
+    /// release can make it the holder where it stands and send the grant
+    /// there: it starts on receipt, its lease counted from the send time of
+    /// the attempt the grant names (that attempt ran before the grant). A
+    /// grant that does not arrive, or too late to leave half the TTL, is
+    /// taken up by the next attempt (the hold carries the wait's id), its
+    /// expiry raised to at least now + TTL.
+    async fn wait_in_queue(
+        &self,
+        req: &Request,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Grant>> {
+        let wake = self.waiters.of(req.key.as_str());
+        let wait = format!("{:016x}", fastrand::u64(..));
+        let slot = self.waiters.expect_grant(&wait);
+        // Set up before the first attempt, which stands in the queue.
+        let in_queue = InQueue {
+            db: Some(self.db.clone()),
+            key: req.key.clone(),
+            wait: wait.clone(),
+        };
+        // This wait's attempts (number, sent), the last few.
+        let mut asked: VecDeque<(u64, Instant)> = VecDeque::new();
+        let mut first_asked: Option<Instant> = None;
+        let mut attempt = 0;
+        loop {
+            if let Some(h) = slot.take() {
+                // Sent before the grant ran: the earliest is safe when the
+                // named attempt is no longer known.
+                let sent = asked
+                    .iter()
+                    .find(|(n, _)| *n == h.attempt)
+                    .map(|(_, at)| *at)
+                    .or(first_asked);
+                if let Some(sent) = sent
+                    && sent + req.ttl / 2 > Instant::now()
+                {
+                    in_queue.granted();
+                    return Ok(Some(Self::grant(req, h.token, 1, sent)));
+                }
+            }
+            if attempt > 0 && deadline.is_some_and(|d| Instant::now() >= d) {
+                break;
+            }
+            // Listen before asking, so a release between the answer and the
+            // wait is not missed.
+            let notified = wake.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            attempt += 1;
+            let channel = self.waiters.grant_channel();
+            let sent = Instant::now();
+            first_asked.get_or_insert(sent);
+            asked.push_back((attempt, sent));
+            if asked.len() > 8 {
+                asked.pop_front();
+            }
+            let standing = lease::Standing {
+                wait: &wait,
+                channel,
+                attempt,
+                place: PLACE,
+            };
+            let left = match lease::attempt(&self.db, req, Some(&standing)).await? {
+                Ok((token, holds)) => {
+                    in_queue.granted();
+                    return Ok(Some(Self::grant(req, token, holds, sent)));
+                }
+                Err(left) => left,
+            };
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                // A grant that arrived meanwhile is still taken (above).
+                continue;
+            }
+            // Not yet listening for grants: ask again as soon as it is.
+            if channel.is_none() && self.waiters.hearing(MAX_RECHECK).await {
+                continue;
+            }
+            let most = (PLACE / 3).min(req.ttl / 4).max(Duration::from_millis(10));
+            let mut until = Instant::now() + left.clamp(Duration::from_millis(1), most);
+            if let Some(d) = deadline {
+                until = until.min(d);
+            }
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = slot.arrived() => {}
+                _ = tokio::time::sleep_until(until) => {}
+            }
+        }
+        // Out of time: a hold handed to this wait meanwhile is taken back by
+        // leaving, and passed on. Not waited for long if the server does not
+        // answer (the leave goes on in the background).
+        let _ = tokio::time::timeout(LEAVE_PATIENCE, in_queue.leave()).await;
+        Ok(None)
+    }
+
     /// Starts the LISTEN task once.
     async fn listen(&self) {
         self.listening
@@ -92,7 +238,7 @@ impl Backend for LeaseTable {
 
     async fn try_acquire(&self, req: &Request) -> Result<Option<Grant>> {
         let requested_at = Instant::now();
-        Ok(lease::attempt(&self.db, req)
+        Ok(lease::attempt(&self.db, req, None)
             .await?
             .ok()
             .map(|(token, holds)| Self::grant(req, token, holds, requested_at)))
@@ -100,13 +246,17 @@ impl Backend for LeaseTable {
 
     async fn acquire(&self, req: &Request, deadline: Option<Instant>) -> Result<Option<Grant>> {
         self.listen().await;
+        if req.mode == Mode::Exclusive && deadline.is_none_or(|d| d > Instant::now()) {
+            return self.wait_in_queue(req, deadline).await;
+        }
         let wake = self.waiters.of(req.key.as_str());
-        // Woken by the release's NOTIFY, else re-check when the holder's
-        // lease would end, and at least every MAX_RECHECK.
+        // Shared and semaphore requests do not stand in the queue. Woken by
+        // the release's NOTIFY, else re-check when the holder's lease would
+        // end, and at least every MAX_RECHECK.
         let backoff = Backoff::new(Duration::from_millis(20), MAX_RECHECK);
         wait_for_grant(deadline, backoff, Some(&wake), |_| async {
             let requested_at = Instant::now();
-            Ok(match lease::attempt(&self.db, req).await? {
+            Ok(match lease::attempt(&self.db, req, None).await? {
                 Ok((token, holds)) => {
                     TryOutcome::Granted(Self::grant(req, token, holds, requested_at))
                 }
