@@ -75,8 +75,11 @@ const SCHEMA: &[&str] = &[
             RETURN false;
         END IF;
         UPDATE fencelock_locks l SET fence = l.fence + 1 WHERE l.key = k AND l.owner = '' RETURNING l.fence INTO f;
+        -- The TTL counts from now, not from the start of this transaction
+        -- (`now()`): the attempt the grant names ran before this statement
+        -- but may have been sent after the transaction began.
         INSERT INTO fencelock_locks (key, owner, mode, holds, fence, expires_at, grant_id)
-            VALUES (k, w.owner, 'exclusive', 1, f, now() + w.ttl_ms * interval '1 millisecond', w.wait_id);
+            VALUES (k, w.owner, 'exclusive', 1, f, clock_timestamp() + w.ttl_ms * interval '1 millisecond', w.wait_id);
         DELETE FROM fencelock_waiters q WHERE q.key = k AND q.wait_id = w.wait_id;
         -- A grant: durable before it is answered, as every grant.
         PERFORM set_config('synchronous_commit', 'on', true);

@@ -317,3 +317,63 @@ async fn a_waiter_timing_out_as_the_lock_is_handed_to_it_never_doubles_nor_loses
     }
     eprintln!("the waiter was granted in {won} rounds, timed out in {lost}");
 }
+
+/// The hold a release hands on expires a TTL after the hand-on itself, not
+/// after the release's transaction began: the waiter counts its lease from an
+/// attempt it may have sent after that (here a release inside a transaction
+/// begun 4 s earlier stands for a releasing session that was held up between
+/// starting and locking the key).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_hold_lasts_its_ttl_from_the_hand_on_not_from_the_releases_start() {
+    let (a, b) = (locker().await, locker().await);
+    let mut raw = raw().await;
+    let key = unique("late-release");
+    let ttl = Duration::from_secs(6);
+    let held = a.lock(&key).ttl(ttl).acquire().await.unwrap();
+    let token = held.token().unwrap().get() as i64;
+    let owner = held.owner().to_string();
+    let (b2, k) = (b.clone(), key.clone());
+    let waiter = tokio::spawn(async move {
+        b2.lock(&k)
+            .ttl(ttl)
+            .wait(Duration::from_secs(30))
+            .acquire()
+            .await
+    });
+    standing(&mut raw, &key, 1).await;
+    let mut tx = sqlx::Connection::begin(&mut raw).await.unwrap();
+    sqlx::query("SELECT now(), pg_sleep(4)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let left: i32 = sqlx::query_scalar("SELECT fencelock_release($1, $2, $3, true)")
+        .bind(&key)
+        .bind(&owner)
+        .bind(token)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
+    tx.commit().await.unwrap();
+    std::mem::forget(held);
+    let g = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let client_left = g.lease().time_left();
+    let server_left: f64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM expires_at - clock_timestamp())::float8 FROM fencelock_locks
+         WHERE key = $1 AND owner = $2",
+    )
+    .bind(&key)
+    .bind(g.owner().as_str())
+    .fetch_one(&mut raw)
+    .await
+    .unwrap();
+    assert!(
+        Duration::from_secs_f64(server_left.max(0.0)) + Duration::from_secs(1) >= client_left,
+        "the guard thinks it holds for {client_left:?}, the server expires the hold in {server_left:.3} s"
+    );
+    g.release().await.unwrap();
+}
