@@ -9,10 +9,16 @@
 //!   and the watchdog's batched renew are one statement each (acquire and
 //!   release are PL/pgSQL functions serialized by the key's fence row, which
 //!   every function locks before any holder row, so none deadlocks with
-//!   another). A release `NOTIFY`s channel `fencelock`; waiters `LISTEN` on one
-//!   connection per backend and re-check after a bounded time, so a lost
-//!   notification costs a delay, never a hang. All modes; reentrancy; handoff
-//!   to the next waiter of the same process in the releasing statement.
+//!   another). Exclusive waiters of every process stand in the key's queue
+//!   (`fencelock_waiters`, by arrival): the release that lets the lock go
+//!   makes the first of them the holder and `NOTIFY`s the grant on the
+//!   channel its backend listens on, so it starts without an acquire round
+//!   trip (a handoff to the next waiter of the releasing process comes first,
+//!   up to 16 in a row). Other waiters are woken by a `NOTIFY` on channel
+//!   `fencelock`. Every waiter re-checks after a bounded time (at most a
+//!   second), so a lost notification costs a delay, never a hang. All modes;
+//!   reentrancy. See ARCHITECTURE.md §4, "Handing the lock to another
+//!   process", for the queue's rules.
 //! - **advisory** (`?mode=advisory`): `pg_advisory_lock` on a session held for
 //!   the guard's life; waiters block in the server. The session ending fires
 //!   the guard's `lost()`: a server restart or crash at once (a session of the
@@ -65,6 +71,14 @@
 //!   old hold (its token, one more hold) instead of a new grant.
 //! - A grant after a wait in the server counts its lease from a round trip
 //!   after the wait, so it is valid on arrival however long it waited.
+//! - **lease**, a hold handed to a waiter where it stands: it expires a TTL
+//!   after the hand-on by the server's clock, and the waiter counts its lease
+//!   from the send time of the attempt the grant names (which the server ran
+//!   before the hand-on), so the waiter's deadline is never later than the
+//!   row's expiry under the clock assumption above. A hold handed to a waiter
+//!   that died lapses with its TTL; a waiter that gives up takes back a hold
+//!   handed to it and passes the lock on; if it cannot reach the server, that
+//!   hold lapses with its TTL.
 //!
 //! The schema is created on first use (idempotently). PostgreSQL 14 or later
 //! (`idle_session_timeout`, `client_connection_check_interval`).
