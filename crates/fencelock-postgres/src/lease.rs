@@ -26,20 +26,11 @@ const SCHEMA: &[&str] = &[
         expires_at timestamptz NOT NULL,
         PRIMARY KEY (key, owner)
     )",
-    // The wait a hold was made for (`NULL`: none): leaving that wait takes
-    // back a hold it did not take up. Added to tables of older versions only
-    // if missing (an ALTER would lock the table at every connect).
-    r"DO $fl$ BEGIN
-        IF NOT EXISTS (SELECT 1 FROM pg_attribute
-                       WHERE attrelid = 'fencelock_locks'::regclass AND attname = 'grant_id' AND NOT attisdropped) THEN
-            ALTER TABLE fencelock_locks ADD COLUMN grant_id text;
-        END IF;
-    END $fl$",
-    // Exclusive waiters of any process, in the order they came (`seq`): a
-    // free lock goes to the first live one, and a release hands it there
-    // (see `fencelock_hand_on`). A place lapses at `stands_until` unless its
-    // wait asks again; `gone` marks a wait that gave up (a late attempt of it
-    // grants nothing).
+    // Exclusive waiters of any process, in the order they came (`seq`): while
+    // a live one stands, a free lock goes to the first, and a release hands
+    // it there (see `fencelock_hand_on`). A place lapses at `stands_until`
+    // unless its wait asks again; `gone` marks a wait that gave up (a late
+    // attempt of it grants nothing).
     r"CREATE TABLE IF NOT EXISTS fencelock_waiters (
         key          text        NOT NULL,
         wait_id      text        NOT NULL,
@@ -52,12 +43,29 @@ const SCHEMA: &[&str] = &[
         stands_until timestamptz NOT NULL,
         PRIMARY KEY (key, wait_id)
     )",
-    r"CREATE INDEX IF NOT EXISTS fencelock_waiters_order ON fencelock_waiters (key, seq)",
+    // What older versions' tables lack, added only if missing (ALTER TABLE and
+    // CREATE INDEX lock the table even when there is nothing to do, and this
+    // runs at every connect): `grant_id`, the wait a hold was made for (NULL:
+    // none), which leaving that wait takes back; the queue's indexes.
+    r"DO $fl$ BEGIN
+        IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                       WHERE attrelid = 'fencelock_locks'::regclass AND attname = 'grant_id' AND NOT attisdropped) THEN
+            ALTER TABLE fencelock_locks ADD COLUMN grant_id text;
+        END IF;
+        IF to_regclass('fencelock_waiters_order') IS NULL THEN
+            CREATE INDEX fencelock_waiters_order ON fencelock_waiters (key, seq);
+        END IF;
+        IF to_regclass('fencelock_waiters_lapse') IS NULL THEN
+            CREATE INDEX fencelock_waiters_lapse ON fencelock_waiters (stands_until);
+        END IF;
+    END $fl$",
     // Lets the lock go to the first live waiter where it stands, if the key
-    // has no holder left and that waiter asked for it (`chan`): a new token,
-    // the waiter's TTL from now, the hold marked as its wait's; the grant is
-    // sent on its channel as `wait_id attempt token` (the attempt whose
-    // request it answers). True if it did. The caller holds the fence row.
+    // has no holder left: a new token, the waiter's TTL from now, the hold
+    // marked as its wait's. If the waiter asked for it (`chan`), the grant is
+    // sent there as `wait_id attempt token` (the attempt whose request it
+    // answers); else the key's waiters are woken and the waiter's next
+    // attempt takes the hold up. True if it handed the lock on. The caller
+    // holds the fence row.
     r"CREATE OR REPLACE FUNCTION fencelock_hand_on(k text) RETURNS boolean
     LANGUAGE plpgsql AS $fl$
     DECLARE
@@ -71,7 +79,7 @@ const SCHEMA: &[&str] = &[
         END IF;
         SELECT q.wait_id, q.owner, q.ttl_ms, q.chan, q.attempt INTO w FROM fencelock_waiters q
             WHERE q.key = k AND q.stands_until > now() AND NOT q.gone ORDER BY q.seq LIMIT 1;
-        IF NOT FOUND OR w.chan IS NULL THEN
+        IF NOT FOUND THEN
             RETURN false;
         END IF;
         UPDATE fencelock_locks l SET fence = l.fence + 1 WHERE l.key = k AND l.owner = '' RETURNING l.fence INTO f;
@@ -83,14 +91,18 @@ const SCHEMA: &[&str] = &[
         DELETE FROM fencelock_waiters q WHERE q.key = k AND q.wait_id = w.wait_id;
         -- A grant: durable before it is answered, as every grant.
         PERFORM set_config('synchronous_commit', 'on', true);
-        PERFORM pg_notify(w.chan, w.wait_id || ' ' || w.attempt || ' ' || f);
+        IF w.chan IS NULL THEN
+            PERFORM pg_notify('fencelock', k);
+        ELSE
+            PERFORM pg_notify(w.chan, w.wait_id || ' ' || w.attempt || ' ' || f);
+        END IF;
         RETURN true;
     END
     $fl$",
-    // One acquire attempt. `wid`: the wait it belongs to (NULL: a try, or the
-    // first attempt); while refused, an exclusive wait stands in the queue for
-    // `stand_ms`, with `chan` if it can be handed the lock there. `barge`: a
-    // handoff within one process, which goes ahead of the queue.
+    // One acquire attempt. `wid`: the wait it belongs to (NULL: a try); while
+    // refused, an exclusive wait stands in the queue for `stand_ms`, with
+    // `chan` if it can be handed the lock there. `barge`: a handoff within one
+    // process, which goes ahead of the queue.
     r"CREATE OR REPLACE FUNCTION fencelock_acquire(k text, o text, m text, ttl_ms bigint, reent boolean, permits integer,
         wid text, chan text, attempt bigint, stand_ms bigint, barge boolean)
     RETURNS TABLE (ok boolean, tok bigint, cnt integer, wait bigint)
@@ -104,8 +116,9 @@ const SCHEMA: &[&str] = &[
         first_exp timestamptz;
         my_seq bigint;
         my_gone boolean;
-        head_until timestamptz;
+        head_seq bigint;
         busy boolean;
+        handed boolean := false;
     BEGIN
         -- A grant counts once it is durable, whatever the server, database or
         -- role sets: a grant lost in a crash would let another owner in (and
@@ -131,12 +144,15 @@ const SCHEMA: &[&str] = &[
                 RAISE EXCEPTION 'owner % already holds % as %; a reentrant acquire must ask for the same mode (asked %)',
                     o, k, h.mode, m USING ERRCODE = 'FL001';
             END IF;
+            -- Granted: the wait's place, if any, is left.
+            IF my_seq IS NOT NULL THEN
+                DELETE FROM fencelock_waiters q WHERE q.key = k AND q.wait_id = wid;
+            END IF;
             IF wid IS NOT NULL AND h.grant_id = wid THEN
                 -- The hold made for this wait (handed where it stood, or an
                 -- earlier attempt's): taken up as it is.
                 UPDATE fencelock_locks l SET expires_at = greatest(l.expires_at, now() + ttl_ms * interval '1 millisecond')
                     WHERE l.key = k AND l.owner = o;
-                DELETE FROM fencelock_waiters q WHERE q.key = k AND q.wait_id = wid;
                 RETURN QUERY SELECT true, h.fence, h.holds, 0::bigint;
                 RETURN;
             END IF;
@@ -160,14 +176,19 @@ const SCHEMA: &[&str] = &[
             END IF;
         END IF;
         busy := n > 0 AND NOT ((m = 'shared' AND all_shared) OR (m LIKE 'semaphore:%' AND all_sema AND n < permits));
-        IF NOT busy AND m = 'exclusive' AND NOT barge THEN
-            -- A free lock goes to the first live waiter in the queue.
-            SELECT q.stands_until INTO head_until FROM fencelock_waiters q
-                WHERE q.key = k AND q.stands_until > now() AND NOT q.gone AND (my_seq IS NULL OR q.seq < my_seq)
-                ORDER BY q.seq LIMIT 1;
-            IF FOUND THEN
+        IF NOT busy AND NOT barge THEN
+            -- While a live waiter stands in the queue ahead of this request, a
+            -- free lock goes to the first (handed to it here, as a release
+            -- would), and new shared or semaphore holds wait behind it too
+            -- (readers cannot starve a writer).
+            SELECT q.seq INTO head_seq FROM fencelock_waiters q
+                WHERE q.key = k AND q.stands_until > now() AND NOT q.gone ORDER BY q.seq LIMIT 1;
+            IF FOUND AND (my_seq IS NULL OR head_seq < my_seq) THEN
                 busy := true;
-                first_exp := head_until;
+                IF n = 0 THEN
+                    handed := fencelock_hand_on(k);
+                    SELECT min(l.expires_at) INTO first_exp FROM fencelock_locks l WHERE l.key = k AND l.owner <> '';
+                END IF;
             END IF;
         END IF;
         IF busy THEN
@@ -177,9 +198,12 @@ const SCHEMA: &[&str] = &[
                     ON CONFLICT (key, wait_id) DO UPDATE SET owner = EXCLUDED.owner, ttl_ms = EXCLUDED.ttl_ms,
                         chan = EXCLUDED.chan, attempt = EXCLUDED.attempt, stands_until = EXCLUDED.stands_until;
             END IF;
-            -- Nothing granted: a place lost in a crash is asked for again.
-            PERFORM set_config('synchronous_commit', 'off', true);
-            RETURN QUERY SELECT false, 0::bigint, 0, greatest(0, extract(epoch FROM first_exp - now()) * 1000)::bigint;
+            IF NOT handed THEN
+                -- Nothing granted: a place lost in a crash is asked for again.
+                PERFORM set_config('synchronous_commit', 'off', true);
+            END IF;
+            RETURN QUERY SELECT false, 0::bigint, 0,
+                coalesce(greatest(0, extract(epoch FROM first_exp - now()) * 1000)::bigint, 0);
             RETURN;
         END IF;
         f := f + 1;
@@ -192,13 +216,6 @@ const SCHEMA: &[&str] = &[
         RETURN QUERY SELECT true, f, 1, 0::bigint;
     END
     $fl$",
-    // The call of earlier versions: an attempt that neither stands in the
-    // queue nor goes ahead of it.
-    r"CREATE OR REPLACE FUNCTION fencelock_acquire(k text, o text, m text, ttl_ms bigint, reent boolean, permits integer)
-    RETURNS TABLE (ok boolean, tok bigint, cnt integer, wait bigint)
-    LANGUAGE sql AS $fl$
-        SELECT * FROM fencelock_acquire(k, o, m, ttl_ms, reent, permits, NULL, NULL, 0, 0, false)
-    $fl$",
     // Gives one hold back: the holds left, or -1 if `o` holds no live row
     // with token `t` (an owner whose hold was broken may hold the key again,
     // anew: that grant is not this one's).
@@ -208,7 +225,7 @@ const SCHEMA: &[&str] = &[
     // for the WAL flush: if a crash loses it, the row comes back and expires
     // after its TTL — later than asked, never two holders. Grants (a hold
     // handed on) and renewals stay synchronous.
-    r"CREATE OR REPLACE FUNCTION fencelock_release(k text, o text, t bigint, notify boolean) RETURNS integer
+    r"CREATE OR REPLACE FUNCTION fencelock_let_go(k text, o text, t bigint, notify boolean) RETURNS integer
     LANGUAGE plpgsql AS $fl$
     DECLARE
         c integer;
@@ -237,14 +254,14 @@ const SCHEMA: &[&str] = &[
     // waiter of the releasing process) in the same transaction: nobody can
     // slip in between. If `n` cannot have it, the lock goes on as after a
     // release.
-    r"CREATE OR REPLACE FUNCTION fencelock_handoff(k text, o text, t bigint, n text, m text, ttl_ms bigint, reent boolean, permits integer)
+    r"CREATE OR REPLACE FUNCTION fencelock_hand_over(k text, o text, t bigint, n text, m text, ttl_ms bigint, reent boolean, permits integer)
     RETURNS TABLE (lft integer, ok boolean, tok bigint, cnt integer)
     LANGUAGE plpgsql AS $fl$
     DECLARE
         c integer;
         a record;
     BEGIN
-        c := fencelock_release(k, o, t, false);
+        c := fencelock_let_go(k, o, t, false);
         IF c <> 0 THEN
             RETURN QUERY SELECT c, false, 0::bigint, 0;
             RETURN;
@@ -257,32 +274,61 @@ const SCHEMA: &[&str] = &[
     END
     $fl$",
     // A wait gives up: it leaves the queue (its place marked gone, so that a
-    // late attempt of it grants nothing) and takes back a hold made for it
-    // that it did not take up, letting the lock go on. True if it took one
-    // back.
+    // late attempt of it grants nothing) and takes back the hold made for it
+    // that it did not take up: one hold of it (another acquire of the same
+    // owner may have joined it), and if that was the last, the lock goes on.
+    // True if it took one back. Also clears places lapsed long ago, of any key.
     r"CREATE OR REPLACE FUNCTION fencelock_leave(k text, wid text, stand_ms bigint) RETURNS boolean
     LANGUAGE plpgsql AS $fl$
+    DECLARE
+        h record;
     BEGIN
         PERFORM set_config('synchronous_commit', 'on', true);
+        -- As acquire does: waits for a first acquire of the key that is still
+        -- inserting the fence row (an attempt of this wait may be behind it).
+        INSERT INTO fencelock_locks (key, owner, mode, holds, fence, expires_at)
+            VALUES (k, '', '', 0, 0, 'infinity') ON CONFLICT DO NOTHING;
         PERFORM 1 FROM fencelock_locks l WHERE l.key = k AND l.owner = '' FOR UPDATE;
-        IF NOT FOUND THEN
-            RETURN false;
-        END IF;
+        -- (Rows another transaction has locked are skipped: this never waits
+        -- for another key's transaction, so it cannot deadlock with one.)
+        DELETE FROM fencelock_waiters q WHERE q.ctid IN (
+            SELECT o.ctid FROM fencelock_waiters o WHERE o.stands_until < now() - interval '1 minute'
+            LIMIT 100 FOR UPDATE SKIP LOCKED);
         INSERT INTO fencelock_waiters AS q (key, wait_id, owner, ttl_ms, chan, attempt, gone, stands_until)
             VALUES (k, wid, '', 0, NULL, 0, true, now() + stand_ms * interval '1 millisecond')
             ON CONFLICT (key, wait_id) DO UPDATE SET gone = true, chan = NULL, stands_until = EXCLUDED.stands_until;
-        DELETE FROM fencelock_locks l WHERE l.key = k AND l.owner <> '' AND l.grant_id = wid;
+        SELECT l.owner, l.holds INTO h FROM fencelock_locks l
+            WHERE l.key = k AND l.owner <> '' AND l.grant_id = wid AND l.expires_at > now() FOR UPDATE;
         IF NOT FOUND THEN
             -- Nothing taken back: a lost leave only lets the place lapse.
             PERFORM set_config('synchronous_commit', 'off', true);
             RETURN false;
         END IF;
+        IF h.holds > 1 THEN
+            UPDATE fencelock_locks l SET holds = l.holds - 1, grant_id = NULL WHERE l.key = k AND l.owner = h.owner;
+            RETURN true;
+        END IF;
+        DELETE FROM fencelock_locks l WHERE l.key = k AND l.owner = h.owner;
         IF NOT fencelock_hand_on(k) THEN
             PERFORM pg_notify('fencelock', k);
         END IF;
         RETURN true;
     END
     $fl$",
+    // The calls of versions before the queue, kept for their clients. Such a
+    // client connecting puts its own versions of these back (as they were),
+    // which the calls above do not use: it neither stands in the queue nor
+    // hands the lock on, and its attempts do not wait for the queue.
+    r"CREATE OR REPLACE FUNCTION fencelock_acquire(k text, o text, m text, ttl_ms bigint, reent boolean, permits integer)
+    RETURNS TABLE (ok boolean, tok bigint, cnt integer, wait bigint)
+    LANGUAGE sql AS $fl$
+        SELECT * FROM fencelock_acquire(k, o, m, ttl_ms, reent, permits, NULL, NULL, 0, 0, false)
+    $fl$",
+    r"CREATE OR REPLACE FUNCTION fencelock_release(k text, o text, t bigint, notify boolean) RETURNS integer
+    LANGUAGE sql AS $fl$ SELECT fencelock_let_go(k, o, t, notify) $fl$",
+    r"CREATE OR REPLACE FUNCTION fencelock_handoff(k text, o text, t bigint, n text, m text, ttl_ms bigint, reent boolean, permits integer)
+    RETURNS TABLE (lft integer, ok boolean, tok bigint, cnt integer)
+    LANGUAGE sql AS $fl$ SELECT * FROM fencelock_hand_over(k, o, t, n, m, ttl_ms, reent, permits) $fl$",
 ];
 
 pub(crate) async fn create_schema(db: &Db) -> Result<()> {
@@ -409,7 +455,7 @@ pub(crate) async fn renew(db: &Db, leases: &[LeaseRef]) -> Result<Vec<Renewal>> 
 }
 
 pub(crate) async fn release(db: &Db, lease: &LeaseRef) -> Result<Released> {
-    let left: i32 = sqlx::query_scalar("SELECT fencelock_release($1, $2, $3, true)")
+    let left: i32 = sqlx::query_scalar("SELECT fencelock_let_go($1, $2, $3, true)")
         .bind(lease.key.as_str())
         .bind(lease.owner.as_str())
         .bind(fence_of(lease))
@@ -432,7 +478,7 @@ pub(crate) async fn handoff(
     next: &Request,
 ) -> Result<(Released, Option<(u64, u32)>)> {
     let (left, ok, token, holds): (i32, bool, i64, i32) = sqlx::query_as(
-        "SELECT lft, ok, tok, cnt FROM fencelock_handoff($1, $2, $3, $4, $5, $6, $7, $8)",
+        "SELECT lft, ok, tok, cnt FROM fencelock_hand_over($1, $2, $3, $4, $5, $6, $7, $8)",
     )
     .bind(lease.key.as_str())
     .bind(lease.owner.as_str())

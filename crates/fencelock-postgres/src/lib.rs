@@ -14,7 +14,8 @@
 //!   makes the first of them the holder and `NOTIFY`s the grant on the
 //!   channel its backend listens on, so it starts without an acquire round
 //!   trip (a handoff to the next waiter of the releasing process comes first,
-//!   up to 16 in a row). Other waiters are woken by a `NOTIFY` on channel
+//!   up to 16 in a row; new shared and semaphore holds wait behind a standing
+//!   writer). Other waiters are woken by a `NOTIFY` on channel
 //!   `fencelock`. Every waiter re-checks after a bounded time (at most a
 //!   second), so a lost notification costs a delay, never a hang. All modes;
 //!   reentrancy. See ARCHITECTURE.md §4, "Handing the lock to another
@@ -76,9 +77,10 @@
 //!   from the send time of the attempt the grant names (which the server ran
 //!   before the hand-on), so the waiter's deadline is never later than the
 //!   row's expiry under the clock assumption above. A hold handed to a waiter
-//!   that died lapses with its TTL; a waiter that gives up takes back a hold
-//!   handed to it and passes the lock on; if it cannot reach the server, that
-//!   hold lapses with its TTL.
+//!   that died lapses with its TTL; a waiter that gives up takes back its
+//!   hold of the one handed to it (not one another acquire of the same owner
+//!   joined) and passes the lock on; if it cannot reach the server, that hold
+//!   lapses with its TTL.
 //!
 //! The schema is created on first use (idempotently). PostgreSQL 14 or later
 //! (`idle_session_timeout`, `client_connection_check_interval`).
