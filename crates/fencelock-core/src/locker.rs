@@ -461,12 +461,14 @@ impl LockBuilder {
         result
     }
 
-    async fn try_once(&self, req: &Request) -> Result<Option<Guard>> {
+    async fn try_once(&self, first: &Request) -> Result<Option<Guard>> {
         let backend = &self.locker.shared.backend;
-        let span = acquire_span(backend.as_ref(), req);
+        let span = acquire_span(backend.as_ref(), first);
         // A grant lost before it could be handed out (see `freshen`) is
         // tried once more: the key may be free by now.
+        let mut anew: Option<Request> = None;
         for _ in 0..2 {
+            let req = anew.as_ref().unwrap_or(first);
             let Some(g) = backend.try_acquire(req).instrument(span.clone()).await? else {
                 return Ok(None);
             };
@@ -474,6 +476,7 @@ impl LockBuilder {
                 log_grant(req, &g, Duration::ZERO);
                 return Ok(Some(self.locker.guard_for(req, g, &self.opts)));
             }
+            anew = Some(ask_anew(&self.locker, req));
         }
         Ok(None)
     }
@@ -582,7 +585,10 @@ async fn acquire_waiting(
     // Exclusive requests of default owners line up behind this locker's other
     // waiters for the key, and the head accepts handoffs (see `line`).
     let lined = req.mode == Mode::Exclusive && opts.owner.is_none();
+    let first = req;
+    let mut anew: Option<Request> = None;
     loop {
+        let req = anew.as_ref().unwrap_or(first);
         let (grant, line_hold) = if lined {
             acquire_in_line(&locker.shared.lines, backend, req, deadline, &span).await?
         } else {
@@ -610,9 +616,24 @@ async fn acquire_waiting(
                 if deadline.is_some_and(|d| Instant::now() >= d) {
                     return Err(timeout());
                 }
+                anew = Some(ask_anew(locker, req));
             }
         }
     }
+}
+
+/// The request to ask with after `freshen` gave a grant of `req` up. That
+/// hold may live on until its background release runs (its renewal may have
+/// reached the backend): a repeat of the same request would take it up again,
+/// and that release would then free the lock under the new guard. A default
+/// owner is per guard: ask as a new one. (An explicit owner's request is
+/// reentrant: it adds a hold, which that release takes away again.)
+fn ask_anew(locker: &Locker, req: &Request) -> Request {
+    let mut next = req.clone();
+    if !req.reentrant {
+        next.owner = locker.default_owner();
+    }
+    next
 }
 
 /// A grant that arrives with less than half its TTL of validity left — its
