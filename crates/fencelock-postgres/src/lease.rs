@@ -318,7 +318,9 @@ const SCHEMA: &[&str] = &[
     // The calls of versions before the queue, kept for their clients. Such a
     // client connecting puts its own versions of these back (as they were),
     // which the calls above do not use: it neither stands in the queue nor
-    // hands the lock on, and its attempts do not wait for the queue.
+    // hands the lock on, and its attempts do not wait for the queue. (So a
+    // function whose protocol changes gets a new name: no version's setup
+    // may replace what another version calls.)
     r"CREATE OR REPLACE FUNCTION fencelock_acquire(k text, o text, m text, ttl_ms bigint, reent boolean, permits integer)
     RETURNS TABLE (ok boolean, tok bigint, cnt integer, wait bigint)
     LANGUAGE sql AS $fl$

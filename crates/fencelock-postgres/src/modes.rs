@@ -24,9 +24,20 @@ use crate::{NAME, lease};
 /// Longest a lease-mode waiter sleeps between checks when no notification comes.
 const MAX_RECHECK: Duration = Duration::from_secs(1);
 
-/// How long a waiter's place in a key's queue lasts unless it asks again: the
-/// place of a waiter that died holds the queue up this long at most.
-const PLACE: Duration = Duration::from_secs(3);
+/// How long a waiter's place in a key's queue lasts unless it asks again: its
+/// TTL, within 1 to 3 s. The lock is handed to the place of a waiter that
+/// died, and kept from others for that waiter's TTL, until the place lapses.
+fn place(ttl: Duration) -> Duration {
+    ttl.clamp(Duration::from_secs(1), Duration::from_secs(3))
+}
+
+/// How long a wait that left stays marked gone, so that a late attempt of it
+/// grants nothing: the longest place, or its TTL if longer (an attempt later
+/// still makes a hold that lapses with that TTL, as any acquire whose
+/// request arrives after its caller gave up).
+fn gone_mark(ttl: Duration) -> Duration {
+    ttl.max(Duration::from_secs(3))
+}
 
 /// How long a wait that gives up waits for the server to confirm it left.
 const LEAVE_PATIENCE: Duration = Duration::from_secs(1);
@@ -38,6 +49,7 @@ struct InQueue {
     db: Option<Db>,
     key: fencelock_core::Key,
     wait: String,
+    ttl: Duration,
 }
 
 impl InQueue {
@@ -51,7 +63,7 @@ impl InQueue {
             // Best effort: a place that is not left lapses by itself, and a
             // hold made for the wait with its TTL. (If this is cancelled,
             // `Drop` tries again.)
-            let _ = lease::leave(db, &self.key, &self.wait, PLACE).await;
+            let _ = lease::leave(db, &self.key, &self.wait, gone_mark(self.ttl)).await;
         }
         self.db = None;
     }
@@ -62,9 +74,13 @@ impl Drop for InQueue {
         if let Some(db) = self.db.take()
             && let Ok(h) = tokio::runtime::Handle::try_current()
         {
-            let (key, wait) = (self.key.clone(), std::mem::take(&mut self.wait));
+            let (key, wait, mark) = (
+                self.key.clone(),
+                std::mem::take(&mut self.wait),
+                gone_mark(self.ttl),
+            );
             h.spawn(async move {
-                let _ = lease::leave(&db, &key, &wait, PLACE).await;
+                let _ = lease::leave(&db, &key, &wait, mark).await;
             });
         }
     }
@@ -110,7 +126,7 @@ impl LeaseTable {
 
     /// An exclusive wait: it stands in the key's queue from its first
     /// attempt, and asks again when woken, when the holder's lease would end,
-    /// and at least every [`PLACE`]/3 (a quarter of its TTL if shorter) to
+    /// and at least every third of its place (a quarter of its TTL if shorter) to
     /// keep its place. Once the backend listens on its grant channel, a
     /// release can make it the holder where it stands and send the grant
     /// there: it starts on receipt, its lease counted from the send time of
@@ -131,6 +147,7 @@ impl LeaseTable {
             db: Some(self.db.clone()),
             key: req.key.clone(),
             wait: wait.clone(),
+            ttl: req.ttl,
         };
         // This wait's attempts (number, sent), the last few.
         let mut asked: VecDeque<(u64, Instant)> = VecDeque::new();
@@ -172,7 +189,7 @@ impl LeaseTable {
                 wait: &wait,
                 channel,
                 attempt,
-                place: PLACE,
+                place: place(req.ttl),
             };
             let left = match lease::attempt(&self.db, req, Some(&standing)).await? {
                 Ok((token, holds)) => {
@@ -189,7 +206,9 @@ impl LeaseTable {
             if channel.is_none() && self.waiters.hearing(MAX_RECHECK).await {
                 continue;
             }
-            let most = (PLACE / 3).min(req.ttl / 4).max(Duration::from_millis(10));
+            let most = (place(req.ttl) / 3)
+                .min(req.ttl / 4)
+                .max(Duration::from_millis(10));
             let mut until = Instant::now() + left.clamp(Duration::from_millis(1), most);
             if let Some(d) = deadline {
                 until = until.min(d);
