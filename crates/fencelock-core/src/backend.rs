@@ -17,6 +17,7 @@ pub use crate::capabilities::Capabilities;
 pub use crate::driver::{Connecting, Driver, MEMORY_DRIVER};
 pub use crate::error::redact_url;
 use crate::error::{Error, Result};
+pub use crate::grant_slots::{GrantSlot, GrantSlots};
 pub use crate::grant_table::{GrantTable, Tokened};
 pub use crate::guard::drift_allowance;
 use crate::key::{Key, Owner};

@@ -40,6 +40,7 @@ mod capabilities;
 pub mod clock;
 mod driver;
 mod error;
+mod grant_slots;
 mod grant_table;
 mod guard;
 mod history;

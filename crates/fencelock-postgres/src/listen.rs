@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use fencelock_core::backend::{GrantSlot, GrantSlots};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use tokio::sync::Notify;
 
@@ -19,7 +20,7 @@ pub(crate) struct Waiters {
     by_key: Mutex<HashMap<String, Weak<Notify>>>,
     /// This backend's grant channel.
     grant_channel: String,
-    slots: Mutex<HashMap<String, Weak<Slot>>>,
+    slots: Arc<GrantSlots<Handed>>,
     /// True once the listener listens on the grant channel.
     hearing: tokio::sync::watch::Sender<bool>,
 }
@@ -32,56 +33,12 @@ pub(crate) struct Handed {
     pub(crate) attempt: u64,
 }
 
-#[derive(Default)]
-struct Slot {
-    handed: Mutex<Option<Handed>>,
-    notify: Notify,
-}
-
-/// Where the grant of one wait arrives; unregistered when dropped.
-pub(crate) struct GrantSlot {
-    waiters: Arc<Waiters>,
-    wait: String,
-    slot: Arc<Slot>,
-}
-
-impl GrantSlot {
-    /// Waits until a grant may have arrived (a permit is kept, so one that
-    /// arrived before this call is not missed).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: the grant stays in the slot.
-    pub(crate) async fn arrived(&self) {
-        self.slot.notify.notified().await;
-    }
-
-    /// The grant handed to this wait, if one arrived.
-    pub(crate) fn take(&self) -> Option<Handed> {
-        self.slot
-            .handed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-    }
-}
-
-impl Drop for GrantSlot {
-    fn drop(&mut self) {
-        self.waiters
-            .slots
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.wait);
-    }
-}
-
 impl Default for Waiters {
     fn default() -> Self {
         Waiters {
             by_key: Mutex::default(),
             grant_channel: format!("fencelock_g_{:016x}", fastrand::u64(..)),
-            slots: Mutex::default(),
+            slots: GrantSlots::new(),
             hearing: tokio::sync::watch::Sender::new(false),
         }
     }
@@ -90,17 +47,8 @@ impl Default for Waiters {
 impl Waiters {
     /// The channel a grant for `wait` can be sent on, once the listener hears
     /// it, with the slot it arrives in.
-    pub(crate) fn expect_grant(self: &Arc<Self>, wait: &str) -> GrantSlot {
-        let slot = Arc::new(Slot::default());
-        self.slots
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(wait.to_string(), Arc::downgrade(&slot));
-        GrantSlot {
-            waiters: self.clone(),
-            wait: wait.to_string(),
-            slot,
-        }
+    pub(crate) fn expect_grant(&self, wait: &str) -> GrantSlot<Handed> {
+        self.slots.expect(wait)
     }
 
     /// The grant channel, if the listener listens on it.
@@ -129,17 +77,7 @@ impl Waiters {
         let (Ok(attempt), Ok(token)) = (attempt.parse(), token.parse()) else {
             return;
         };
-        let slot = self
-            .slots
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(wait)
-            .and_then(Weak::upgrade);
-        if let Some(slot) = slot {
-            *slot.handed.lock().unwrap_or_else(|p| p.into_inner()) =
-                Some(Handed { token, attempt });
-            slot.notify.notify_one();
-        }
+        self.slots.deliver(wait, Handed { token, attempt });
     }
 
     /// The wake-up of `key`, shared by every waiter of this backend on it.

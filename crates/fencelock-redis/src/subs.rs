@@ -16,6 +16,8 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::{Mutex, Notify};
 use tokio::time::Instant;
 
+use fencelock_core::backend::GrantSlots;
+
 use crate::conn::Conn;
 
 /// A channel unused this long is unsubscribed.
@@ -34,7 +36,7 @@ pub(crate) struct Subscriptions {
     /// The channel this client hears grants on.
     grant_channel: String,
     /// The waits that can take a grant where they stand, by wait op.
-    slots: std::sync::Mutex<HashMap<String, Arc<Slot>>>,
+    slots: Arc<GrantSlots<Handed>>,
 }
 
 /// A grant handed to a waiter where it stood (a message on the grant channel).
@@ -46,48 +48,8 @@ pub(crate) struct Handed {
     pub(crate) attempt: String,
 }
 
-struct Slot {
-    notify: Notify,
-    handed: std::sync::Mutex<Option<Handed>>,
-}
-
 /// Where the grant of one wait arrives; unregistered when dropped.
-pub(crate) struct GrantSlot {
-    subs: Arc<Subscriptions>,
-    wait_op: String,
-    slot: Arc<Slot>,
-}
-
-impl GrantSlot {
-    /// Waits until a grant may have arrived (a permit is kept, so one that
-    /// arrived before this call is not missed).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: the grant stays in the slot.
-    pub(crate) async fn arrived(&self) {
-        self.slot.notify.notified().await;
-    }
-
-    /// The grant handed to this wait, if one arrived.
-    pub(crate) fn take(&self) -> Option<Handed> {
-        self.slot
-            .handed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-    }
-}
-
-impl Drop for GrantSlot {
-    fn drop(&mut self) {
-        self.subs
-            .slots
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.wait_op);
-    }
-}
+pub(crate) type GrantSlot = fencelock_core::backend::GrantSlot<Handed>;
 
 /// Interest in one channel; wakes on its messages while alive.
 pub(crate) struct Watch {
@@ -107,7 +69,7 @@ impl Subscriptions {
             conn,
             channels: Mutex::new(HashMap::new()),
             grant_channel,
-            slots: std::sync::Mutex::new(HashMap::new()),
+            slots: GrantSlots::new(),
         });
         tokio::spawn(dispatch(Arc::downgrade(&subs), pushes));
         subs
@@ -145,20 +107,8 @@ impl Subscriptions {
 
     /// Registers a wait that can take a grant where it stands. Subscribe to
     /// the grant channel (a [`Watch`] on it) before asking with `wait_op`.
-    pub(crate) fn expect_grant(self: &Arc<Self>, wait_op: &str) -> GrantSlot {
-        let slot = Arc::new(Slot {
-            notify: Notify::new(),
-            handed: std::sync::Mutex::new(None),
-        });
-        self.slots
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(wait_op.to_string(), slot.clone());
-        GrantSlot {
-            subs: self.clone(),
-            wait_op: wait_op.to_string(),
-            slot,
-        }
+    pub(crate) fn expect_grant(&self, wait_op: &str) -> GrantSlot {
+        self.slots.expect(wait_op)
     }
 
     /// A message on the grant channel: `g\t<owner>\t<wait op>\t<token>\t<attempt op>`.
@@ -174,15 +124,14 @@ impl Subscriptions {
             tracing::debug!(payload, "an unreadable grant message was ignored");
             return;
         };
-        let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(slot) = slots.get(wait_op) {
-            *slot.handed.lock().unwrap_or_else(|p| p.into_inner()) = Some(Handed {
+        self.slots.deliver(
+            wait_op,
+            Handed {
                 owner: owner.to_string(),
                 token,
                 attempt: attempt.to_string(),
-            });
-            slot.notify.notify_one();
-        }
+            },
+        );
     }
 
     /// A watch on `channel` if it is subscribed already (no round trip), else `None`.
