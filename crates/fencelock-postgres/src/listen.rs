@@ -45,8 +45,8 @@ impl Default for Waiters {
 }
 
 impl Waiters {
-    /// The channel a grant for `wait` can be sent on, once the listener hears
-    /// it, with the slot it arrives in.
+    /// Registers `wait`: a grant handed to it arrives in the returned slot
+    /// (until the slot is dropped).
     pub(crate) fn expect_grant(&self, wait: &str) -> GrantSlot<Handed> {
         self.slots.expect(wait)
     }
@@ -137,10 +137,11 @@ pub(crate) async fn run(options: PgConnectOptions, waiters: Weak<Waiters>) {
             };
             l.ignore_pool_close_event(true);
             let Some(w) = waiters.upgrade() else { return };
-            if l.listen_all([CHANNEL, w.grant_channel.as_str()])
-                .await
-                .is_err()
-            {
+            if let Err(e) = l.listen_all([CHANNEL, w.grant_channel.as_str()]).await {
+                tracing::debug!(error = %e, "postgres LISTEN failed; waiters poll");
+                drop(w);
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
                 continue;
             }
             w.hearing.send_replace(true);

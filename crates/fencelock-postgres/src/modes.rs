@@ -153,6 +153,7 @@ impl LeaseTable {
         let mut asked: VecDeque<(u64, Instant)> = VecDeque::new();
         let mut first_asked: Option<Instant> = None;
         let mut attempt = 0;
+        let mut waited_for_ear = false;
         loop {
             if let Some(h) = slot.take() {
                 // Sent before the grant ran: the earliest is safe when the
@@ -202,9 +203,17 @@ impl LeaseTable {
                 // A grant that arrived meanwhile is still taken (above).
                 continue;
             }
-            // Not yet listening for grants: ask again as soon as it is.
-            if channel.is_none() && self.waiters.hearing(MAX_RECHECK).await {
-                continue;
+            // Not yet listening for grants: ask again as soon as it is (waited
+            // for once, within the deadline: a LISTEN that never works, as
+            // behind a pooler in transaction mode, leaves the usual asking).
+            if channel.is_none() && !waited_for_ear {
+                waited_for_ear = true;
+                let patience = deadline.map_or(MAX_RECHECK, |d| {
+                    d.saturating_duration_since(Instant::now()).min(MAX_RECHECK)
+                });
+                if self.waiters.hearing(patience).await {
+                    continue;
+                }
             }
             let most = (place(req.ttl) / 3)
                 .min(req.ttl / 4)
