@@ -24,6 +24,9 @@
 //! - Round trips: on MariaDB an exclusive acquire of a free lock is one
 //!   statement (`GET_LOCK` without waiting, the permit marker, the token and
 //!   the holder's record in one `INSERT … SELECT`); a release is one more.
+//!   One that had to wait costs, after the try, the `RELEASE_LOCK` that tells
+//!   a busy lock from a marked key, the waiting `GET_LOCK`, and one statement
+//!   with the lock held (the marker read locking, the token, the record).
 //! - Waiting: `GET_LOCK`'s own timeout (the server queues the waiters);
 //!   semaphore waiters poll the permits with backoff.
 //! - Shared (reader) locks are not supported: `GET_LOCK` has no shared form.
@@ -514,10 +517,20 @@ impl GetLock {
             // The permit count is read in a statement of its own after the lock
             // is taken: within one statement MariaDB reads a constant subquery
             // while optimizing, before GET_LOCK runs.
-            let permits = if Self::get_lock(conn, key.as_str(), timeout)
+            let taken = Self::get_lock(conn, key.as_str(), timeout)
                 .await
-                .map_err(|e| self.err(e))?
-            {
+                .map_err(|e| self.err(e))?;
+            if taken && self.one_statement_try {
+                // MariaDB: the token with the check, one round trip after the
+                // wait (the lock is held meanwhile).
+                if let Some(token) = self.token_if_unmarked(conn, req).await? {
+                    return Ok(Some(Taken {
+                        slot: 0,
+                        token: Some(token),
+                    }));
+                }
+            }
+            let permits = if taken {
                 sqlx::query_scalar::<_, i64>(
                     "SELECT COALESCE(MAX(permits), 0) FROM fencelock_semaphores WHERE lock_key = ?",
                 )
@@ -600,6 +613,32 @@ impl GetLock {
         } else {
             FastTry::Busy
         })
+    }
+
+    /// With `req.key`'s lock held: draws the token and records the holder in
+    /// one statement if no semaphore ever used the key (the marker is read
+    /// locking, as in [`Self::try_with_token`]); `None` if one did (the lock
+    /// is still held: its permits must be checked).
+    async fn token_if_unmarked(
+        &self,
+        conn: &mut MySqlConnection,
+        req: &Request,
+    ) -> Result<Option<u64>> {
+        let key = req.key.as_str().as_bytes();
+        let done = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO fencelock_getlock (lock_key, fence, holder, conn_id)
+             SELECT ?, LAST_INSERT_ID({TOKEN_SQL}), ?, CONNECTION_ID() FROM DUAL
+             WHERE (SELECT COALESCE(MAX(permits), 0) FROM fencelock_semaphores
+                    WHERE lock_key = ? LOCK IN SHARE MODE) = 0
+             ON DUPLICATE KEY UPDATE {NEXT_TOKEN_SQL}, holder = VALUES(holder), conn_id = VALUES(conn_id)"
+        )))
+        .bind(key)
+        .bind(req.owner.as_str().as_bytes())
+        .bind(key)
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| self.err(e))?;
+        Ok((done.rows_affected() > 0).then(|| done.last_insert_id()))
     }
 
     /// `RELEASE_LOCK` of `name`: true if this session held it.
