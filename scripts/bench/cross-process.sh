@@ -19,6 +19,12 @@
 #   py_peers.patch    redis-py: own redis.Redis client per thread, not one pool
 #   other.patch       other/bench.py: records the worker of each grant inside the
 #                     critical section and reports owner_switches
+#   rmw.patch         other/bench.py: the counter file read and written back in
+#                     place, as fencelock's bench does (a file truncated and
+#                     rewritten costs ~170 us on ext4, inside the critical section)
+#   rust_ring.patch   rust_peers' `ring`: N processes pass one token around a
+#                     ring through Redis (BLPOP/RPUSH) — the fair-handoff floor
+#                     across processes, run beside the Redis peers ("fair ring")
 # Every peer's wait is timed from its first attempt to the grant (the library's
 # own wait/retry loop runs inside the timed call).
 #
@@ -164,6 +170,8 @@ for ((ROUND = 1; ROUND <= RUNS; ROUND++)); do
                         --workers "$n" --ops "$CYCLES" --counter local
                     run "$b" "$n" "node-redlock x1" node "$P/redis/node_peers/bench.mjs" --scenario contended \
                         --instances 1 --workers "$n" --ops "$CYCLES" --counter local
+                    run "$b" "$n" "fair ring (floor)" "$P/redis/rust_peers/target/release/ring" \
+                        --workers "$n" --ops $((CYCLES - CYCLES % n))
                     ;;
                 redlock)
                     run "$b" "$n" "rslock x5" "$RS" --system rslock --instances 5 --scenario contended \
@@ -228,7 +236,8 @@ print()
 for b in backends:
     for n in clients:
         f = med.get((b, n, "fencelock"))
-        peers = [(l, r) for (bb, nn, l), r in med.items() if (bb, nn) == (b, n) and l != "fencelock"]
+        peers = [(l, r) for (bb, nn, l), r in med.items()
+                 if (bb, nn) == (b, n) and l != "fencelock" and "floor" not in l]
         good = [p for p in peers if p[1].get("correct") is True] or peers
         if not f or not good:
             print(f"- {b}, {n} clients: no comparison (fencelock or every peer failed)")
@@ -244,11 +253,13 @@ for b in backends:
 print()
 print(f"Notes: {cycles} cycles per run; median run by ops/s of each case, all runs in brackets. "
       "fencelock: `bench --scenario contended --processes N --workers N` = N OS processes of one "
-      "task each, the counter a file read and rewritten under the lock, the merged history checked. "
+      "task each, the counter a file read and written back in place under the lock, the merged history checked. "
       "Redis/Redlock peers (rslock, redis-py, node-redlock; library default retry delays): N tasks/threads "
       "of one process, each its own client and connections (patched), the in-process counter "
       "(`--counter local`: load, yield, store under the lock). Other peers (other/bench.py): N threads "
       "of one Python process, each its own client/session/connection, the counter a file as fencelock's. "
+      "The fair ring (floor): N processes pass one token around through Redis (BLPOP/RPUSH), "
+      "the least a lock that hands every cycle to another process must do; not a lock. "
       "Both mariadb rows use the PyMySQL GET_LOCK peer (over the unix socket; fencelock over TCP); the "
       "python peers run under the GIL. p50/p99 = acquire wait from the first attempt to the grant; "
       "owner switches = consecutive grants that went to a different worker (at most cycles − 1).")

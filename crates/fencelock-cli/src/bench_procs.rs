@@ -38,12 +38,23 @@ pub struct WorkerArgs {
 
 const BENCH_TTL: Duration = Duration::from_secs(30);
 
+/// Reads the counter, adds one and writes it back in place (its digits only
+/// grow, so they always cover the old ones). Not truncated and rewritten: on
+/// ext4 a file truncated to nothing and written again starts its writeback
+/// when closed (`auto_da_alloc`), about 170 µs a cycle on the development
+/// machine against 2 µs in place — a cost inside the critical section that
+/// measured the file system, not the lock.
 fn bump(counter: &Path) -> std::io::Result<()> {
-    let v: u64 = std::fs::read_to_string(counter)
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(0);
-    std::fs::write(counter, (v + 1).to_string())
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(counter)?;
+    let mut s = String::new();
+    f.read_to_string(&mut s)?;
+    let v: u64 = s.trim().parse().unwrap_or(0);
+    f.seek(SeekFrom::Start(0))?;
+    f.write_all((v + 1).to_string().as_bytes())
 }
 
 /// The child: waits for "go" on stdin, runs its tasks, prints its holds.
@@ -195,6 +206,10 @@ pub async fn run(url: &str, key: &str, workers: u32, cycles: u64, processes: u32
         }
     };
     let counter = dir.path().join("counter");
+    if let Err(e) = std::fs::write(&counter, "0") {
+        merged.errors.push(format!("counter file: {e}"));
+        return merged;
+    }
     let children = match spawn(url, key, &counter, &shares(workers, cycles, processes)) {
         Ok(c) => c,
         Err(e) => {
@@ -311,5 +326,26 @@ impl Merged {
         } else if let Some(e) = l.strip_prefix("error ") {
             self.errors.push(e.to_string());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bump;
+
+    #[test]
+    fn bump_counts_up_in_place_across_a_new_digit() {
+        let dir = tempfile::tempdir().unwrap();
+        let counter = dir.path().join("counter");
+        std::fs::write(&counter, "0").unwrap();
+        for _ in 0..12 {
+            bump(&counter).unwrap();
+        }
+        assert_eq!(std::fs::read_to_string(&counter).unwrap(), "12");
+        std::fs::remove_file(&counter).unwrap();
+        assert!(
+            bump(&counter).is_err(),
+            "a missing counter file counted from 0"
+        );
     }
 }
