@@ -141,6 +141,7 @@ impl Inner {
         mut read_at: Instant,
     ) -> Result<Option<(Instant, i64)>> {
         let mut watching: Option<(String, WatchStream)> = None;
+        let mut recheck = FIRST_RECHECK;
         loop {
             let Some(index) = queue.iter().position(|n| n.key == node) else {
                 return Err(Error::backend(
@@ -161,9 +162,9 @@ impl Inner {
                     let until = async {
                         match deadline {
                             Some(d) => {
-                                tokio::time::sleep_until(d.min(Instant::now() + RECHECK)).await
+                                tokio::time::sleep_until(d.min(Instant::now() + recheck)).await
                             }
-                            None => tokio::time::sleep(RECHECK).await,
+                            None => tokio::time::sleep(recheck).await,
                         }
                     };
                     tokio::select! {
@@ -175,7 +176,10 @@ impl Inner {
                             }
                         }
                         // Look again now and then, on the same watch.
-                        _ = until => watching = Some((watched, stream)),
+                        _ = until => {
+                            recheck = (recheck * 2).min(RECHECK);
+                            watching = Some((watched, stream));
+                        }
                     }
                 }
                 _ => {
@@ -188,7 +192,10 @@ impl Inner {
                         .open_watch(&target, options.with_filters([WatchFilterType::NoPut]))
                         .await
                     {
-                        Some(stream) => watching = Some((target, stream)),
+                        Some(stream) => {
+                            recheck = FIRST_RECHECK;
+                            watching = Some((target, stream));
+                        }
                         // No watch: poll.
                         None => tokio::time::sleep(RETRY_PAUSE).await,
                     }
