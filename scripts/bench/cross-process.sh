@@ -87,7 +87,10 @@ for f in "$ROOT"/scripts/bench/peer-patches/*.patch; do
     if patch -d "$P" -p1 -R --dry-run -s -f <"$f" >/dev/null 2>&1; then
         continue # already applied
     fi
-    patch -d "$P" -p1 --forward -s <"$f"
+    patch -d "$P" -p1 --forward -s <"$f" || {
+        echo "$f does not apply to $P (patched by an older version?): delete $P and run again" >&2
+        exit 1
+    }
 done
 if [ "$need_redis_peers" = 1 ]; then
     (cd "$P/redis/rust_peers" && cargo build --release --locked -q)

@@ -38,12 +38,14 @@ pub struct WorkerArgs {
 
 const BENCH_TTL: Duration = Duration::from_secs(30);
 
-/// Reads the counter, adds one and writes it back in place (its digits only
-/// grow, so they always cover the old ones). Not truncated and rewritten: on
-/// ext4 a file truncated to nothing and written again starts its writeback
-/// when closed (`auto_da_alloc`), about 170 µs a cycle on the development
-/// machine against 2 µs in place — a cost inside the critical section that
-/// measured the file system, not the lock.
+/// Reads the counter, adds one and writes it back in place, always 20 digits
+/// (zero-padded), so that every write covers the whole number: a stale holder's
+/// shorter write can only set it back, never leave old digits behind that lift
+/// it (which could hide lost updates). Not truncated and rewritten: on ext4 a
+/// file truncated to nothing and written again starts its writeback when closed
+/// (`auto_da_alloc`), about 170 µs a cycle on the development machine against
+/// 2 µs in place — a cost inside the critical section that measured the file
+/// system, not the lock.
 fn bump(counter: &Path) -> std::io::Result<()> {
     use std::io::{Read, Seek, SeekFrom, Write};
     let mut f = std::fs::OpenOptions::new()
@@ -54,7 +56,12 @@ fn bump(counter: &Path) -> std::io::Result<()> {
     f.read_to_string(&mut s)?;
     let v: u64 = s.trim().parse().unwrap_or(0);
     f.seek(SeekFrom::Start(0))?;
-    f.write_all((v + 1).to_string().as_bytes())
+    f.write_all(counter_text(v + 1).as_bytes())
+}
+
+/// The counter as `bump` writes it: 20 digits, zero-padded.
+fn counter_text(v: u64) -> String {
+    format!("{v:020}")
 }
 
 /// The child: waits for "go" on stdin, runs its tasks, prints its holds.
@@ -331,7 +338,15 @@ impl Merged {
 
 #[cfg(test)]
 mod tests {
-    use super::bump;
+    use super::{bump, counter_text};
+
+    fn read(counter: &std::path::Path) -> u64 {
+        std::fs::read_to_string(counter)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
 
     #[test]
     fn bump_counts_up_in_place_across_a_new_digit() {
@@ -341,11 +356,34 @@ mod tests {
         for _ in 0..12 {
             bump(&counter).unwrap();
         }
-        assert_eq!(std::fs::read_to_string(&counter).unwrap(), "12");
+        assert_eq!(read(&counter), 12);
         std::fs::remove_file(&counter).unwrap();
         assert!(
             bump(&counter).is_err(),
             "a missing counter file counted from 0"
         );
+    }
+
+    #[test]
+    fn a_stale_write_of_a_shorter_number_sets_the_counter_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let counter = dir.path().join("counter");
+        std::fs::write(&counter, "19").unwrap();
+        // A holder reads 19 …
+        let stale = read(&counter);
+        // … 180 cycles run meanwhile (the lock failed) …
+        for _ in 0..180 {
+            bump(&counter).unwrap();
+        }
+        assert_eq!(read(&counter), 199);
+        // … and writes 20 in place over 199, as `bump` writes: the count
+        // drops (a visible loss); it does not become 209.
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&counter)
+            .unwrap();
+        std::io::Write::write_all(&mut f, counter_text(stale + 1).as_bytes()).unwrap();
+        drop(f);
+        assert_eq!(read(&counter), 20);
     }
 }

@@ -25,9 +25,13 @@
 //! empty) are writers. A waiter opens its watch (at the current revision) and
 //! then reads the queue again, so a deletion before the watch shows in the
 //! read and one after it in the watch; it also reads again after 20 ms without
-//! an event, then at doubling intervals up to 5 s, so a watch that etcd
-//! serves late (one made while a write was applied is caught up by a pass
-//! every 100 ms) costs at most 20 ms, and a lost one a delay, never a hang. A waiter
+//! an event, then at doubling intervals up to 5 s (20, 60, 140 ms … after the
+//! watch opened). etcd serves a watch made while a write was applied late: it
+//! catches such a watch up in a pass every 100 ms. A deletion such a watch
+//! holds back is seen at the next read or that pass, whichever comes first —
+//! within about 40 ms of it rather than 100 ms (longer only if a pass has more
+//! lagging watchers than it takes at once) — and a lost watch costs a delay,
+//! never a hang. A waiter
 //! that times out or is cancelled deletes its key. An acquire dropped while
 //! its put is unanswered may see that put land after its key's delete (etcd
 //! serves one request's stream and a later delete independently): its name

@@ -127,10 +127,12 @@ impl Inner {
     /// Waits until `node` holds (`Some(when it was seen holding, its create
     /// revision)`) or `deadline` passes (`None`).
     ///
-    /// Watch, then read: a watch opened at the current revision is live at
-    /// once (one opened at a past revision is caught up by the server's
-    /// 100 ms sync loop), and the read after it shows any deletion that came
-    /// before it.
+    /// Watch, then read: the read after the watch shows any deletion that
+    /// came before it, the watch any after. A watch opened at a past revision
+    /// is caught up by the server's 100 ms sync pass, and so is one opened at
+    /// the current revision while a write was being applied (etcd takes "now"
+    /// before it registers the watch); so the queue is read again after
+    /// `FIRST_RECHECK` without an event, then at doubling intervals.
     pub(crate) async fn wait_turn(
         &self,
         lock_prefix: &str,

@@ -61,8 +61,9 @@ const HOLDERS: &str = r"CREATE TABLE IF NOT EXISTS fencelock_getlock (
 ) ENGINE=MEMORY";
 
 /// The most permits a semaphore on a key ever had; exclusive takers of a key
-/// without a row need not check permits. Read without locking (InnoDB) in the
-/// statement that waits for the lock.
+/// without a row need not check permits. Read by an exclusive taker after it
+/// has the key's lock: on MariaDB with a locking read in the statement that
+/// draws the token, else in a statement of its own.
 const SEMAPHORES: &str = r"CREATE TABLE IF NOT EXISTS fencelock_semaphores (
     lock_key VARBINARY(256) NOT NULL PRIMARY KEY,
     permits  INT            NOT NULL
