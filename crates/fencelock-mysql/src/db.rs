@@ -94,3 +94,8 @@ pub(crate) fn session_gone(e: &sqlx::Error) -> bool {
         _ => false,
     }
 }
+
+/// True if the statement was interrupted by a `KILL QUERY` (1317).
+pub(crate) fn is_interrupted(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if code_of(db.as_ref()) == "1317")
+}

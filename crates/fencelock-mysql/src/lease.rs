@@ -15,6 +15,7 @@ use sqlx::{MySqlConnection, Row};
 
 use crate::NAME;
 use crate::db::{Db, is_conflict};
+use crate::turnstile::{self, TURN_SQL};
 
 pub(crate) const SCHEMA: &str = r"CREATE TABLE IF NOT EXISTS fencelock_locks (
     lock_key   VARBINARY(256) NOT NULL,
@@ -39,18 +40,61 @@ struct Row_ {
     left_us: i64,
 }
 
-async fn holders(conn: &mut MySqlConnection, db: &Db, key: &Key) -> Result<(u64, Vec<Row_>)> {
-    let rows = sqlx::query(
-        "SELECT owner, mode, holds, fence, TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at) AS left_us
-         FROM fencelock_locks WHERE lock_key = ? FOR UPDATE",
-    )
-    .bind(key.as_str().as_bytes())
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(db.err())?;
+/// Where a request stands in the key's line of exclusive waiters
+/// (`turnstile.rs`; MariaDB only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Line {
+    /// No line (MySQL; shared and semaphore requests): a free lock is taken.
+    Off,
+    /// Not the head: a free lock is refused while a head waits.
+    Behind,
+    /// The head, on the session with this connection id.
+    Head(i64),
+}
+
+impl Line {
+    /// Whether a grant must be refused, given the turnstile's session (`head`).
+    fn defers_to(self, head: Option<i64>) -> bool {
+        match self {
+            Line::Off => false,
+            Line::Behind => head.is_some(),
+            Line::Head(me) => head.is_some_and(|h| h != me),
+        }
+    }
+}
+
+/// The key's fence, its holders, and (unless `line` is off) the session at
+/// the head of its line.
+async fn holders(
+    conn: &mut MySqlConnection,
+    db: &Db,
+    key: &Key,
+    line: Line,
+) -> Result<(u64, Vec<Row_>, Option<i64>)> {
+    let head_sql = if line == Line::Off {
+        "CAST(NULL AS SIGNED)".to_string()
+    } else {
+        format!("CAST(IS_USED_LOCK({TURN_SQL}) AS SIGNED)")
+    };
+    // Only a constant expression is formatted in: the key is bound.
+    let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT owner, mode, holds, fence, TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at) AS left_us,
+                {head_sql} AS head
+         FROM fencelock_locks WHERE lock_key = ? FOR UPDATE"
+    )));
+    if line != Line::Off {
+        q = q.bind(key.as_str());
+    }
+    let rows = q
+        .bind(key.as_str().as_bytes())
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db.err())?;
     let mut fence = 0;
+    let mut head = None;
     let mut out = Vec::new();
     for r in rows {
+        head = head.or(r.try_get::<Option<i64>, _>("head").map_err(db.err())?);
         let owner: Vec<u8> = r.try_get("owner").map_err(db.err())?;
         let f: i64 = r.try_get("fence").map_err(db.err())?;
         if owner.is_empty() {
@@ -66,27 +110,33 @@ async fn holders(conn: &mut MySqlConnection, db: &Db, key: &Key) -> Result<(u64,
             left_us: r.try_get("left_us").map_err(db.err())?,
         });
     }
-    Ok((fence, out))
+    Ok((fence, out, head))
 }
 
-/// One acquire attempt: `Ok(token, holds)` or `Err(time until the first holder expires)`.
+/// One acquire attempt: `Ok(token, holds)` or `Err(time until the first
+/// holder expires)` (zero if the lock is free but `line` defers to its head).
 ///
 /// InnoDB may pick the transaction as a deadlock victim (first inserts of
 /// neighbouring keys touch the same index gap); it is then retried.
 pub(crate) async fn attempt(
     db: &Db,
     req: &Request,
+    line: Line,
 ) -> Result<std::result::Result<(u64, u32), Duration>> {
     let mut tries = 0;
     loop {
-        match attempt_once(db, req).await {
+        match attempt_once(db, req, line).await {
             Err(e) if is_conflict(&e) && tries < 5 => tries += 1,
             done => return done,
         }
     }
 }
 
-async fn attempt_once(db: &Db, req: &Request) -> Result<std::result::Result<(u64, u32), Duration>> {
+async fn attempt_once(
+    db: &Db,
+    req: &Request,
+    line: Line,
+) -> Result<std::result::Result<(u64, u32), Duration>> {
     let mut tx = db.pool.begin().await.map_err(db.err())?;
     let key = req.key.as_str().as_bytes();
     // Creates the fence row if needed, and locks it either way.
@@ -98,7 +148,7 @@ async fn attempt_once(db: &Db, req: &Request) -> Result<std::result::Result<(u64
     .execute(&mut *tx)
     .await
     .map_err(db.err())?;
-    let (fence, all) = holders(&mut tx, db, &req.key).await?;
+    let (fence, all, head) = holders(&mut tx, db, &req.key, line).await?;
     let (live, expired): (Vec<Row_>, Vec<Row_>) = all.into_iter().partition(|r| r.left_us > 0);
     if !expired.is_empty() {
         sqlx::query("DELETE FROM fencelock_locks WHERE lock_key = ? AND owner <> '' AND expires_at <= NOW(6)")
@@ -131,6 +181,8 @@ async fn attempt_once(db: &Db, req: &Request) -> Result<std::result::Result<(u64
             .map_err(db.err())?;
             Ok((r.fence, holds))
         }
+        // Free, but another waiter is at the head of the line: it is next.
+        Admission::Grant if line.defers_to(head) => Err(Duration::ZERO),
         Admission::Grant => {
             let f = fence + 1;
             sqlx::query("UPDATE fencelock_locks SET fence = ? WHERE lock_key = ? AND owner = ''")
@@ -233,23 +285,44 @@ pub(crate) async fn renew(db: &Db, leases: &[LeaseRef]) -> Result<Vec<Renewal>> 
         .collect())
 }
 
-pub(crate) async fn release(db: &Db, lease: &LeaseRef) -> Result<Released> {
+/// Releases one hold. With `line` (MariaDB), the `DELETE` that lets the
+/// last hold go also reads the head of the key's line, whose doorbell is then
+/// rung.
+pub(crate) async fn release(db: &Db, lease: &LeaseRef, line: bool) -> Result<Released> {
     let (key, owner) = (
         lease.key.as_str().as_bytes(),
         lease.owner.as_str().as_bytes(),
     );
-    let gone = sqlx::query(
-        "DELETE FROM fencelock_locks
-         WHERE lock_key = ? AND owner = ? AND fence = ? AND owner <> '' AND holds <= 1 AND expires_at > NOW(6)",
-    )
-    .bind(key)
-    .bind(owner)
-    .bind(fence_of(lease))
-    .execute(&db.pool)
-    .await
-    .map_err(db.err())?;
-    if gone.rows_affected() == 1 {
-        return Ok(Released::new(0));
+    const GONE: &str = "DELETE FROM fencelock_locks
+         WHERE lock_key = ? AND owner = ? AND fence = ? AND owner <> '' AND holds <= 1 AND expires_at > NOW(6)";
+    if line {
+        let gone: Option<Option<i64>> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "{GONE} RETURNING CAST(IS_USED_LOCK({TURN_SQL}) AS SIGNED)"
+        )))
+        .bind(key)
+        .bind(owner)
+        .bind(fence_of(lease))
+        .bind(lease.key.as_str())
+        .fetch_optional(&db.pool)
+        .await
+        .map_err(db.err())?;
+        if let Some(head) = gone {
+            if let Some(head) = head {
+                turnstile::ring(db, head);
+            }
+            return Ok(Released::new(0));
+        }
+    } else {
+        let gone = sqlx::query(GONE)
+            .bind(key)
+            .bind(owner)
+            .bind(fence_of(lease))
+            .execute(&db.pool)
+            .await
+            .map_err(db.err())?;
+        if gone.rows_affected() == 1 {
+            return Ok(Released::new(0));
+        }
     }
     // A reentrant hold: one fewer; LAST_INSERT_ID(expr) hands back the count left.
     let fewer = sqlx::query(

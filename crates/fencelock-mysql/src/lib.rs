@@ -7,9 +7,14 @@
 //!   (`NOW(6)`); a per-key fence row survives release, so tokens keep rising.
 //!   An acquire is one short transaction serialized by the key's fence row;
 //!   release is one statement; the watchdog renews every lease of a tick in one
-//!   transaction. All modes; reentrancy. Waiters poll with jittered backoff,
-//!   woken at once by releases in the same process and never later than the
-//!   holder's expiry.
+//!   transaction. All modes; reentrancy. On MariaDB, exclusive waiters of
+//!   every process stand in a line per key (a `GET_LOCK` turnstile the server
+//!   keeps in order): a free lock goes to the waiter at its head, so a
+//!   releaser cannot take it straight back, and a release interrupts the
+//!   head's sleep in the server (`KILL QUERY`), so it asks at once
+//!   (`turnstile.rs`). Shared and semaphore waiters, and every waiter on
+//!   MySQL, poll with jittered backoff (2–100 ms), woken at once by releases
+//!   in the same process and never later than the holder's expiry.
 //! - **get_lock** (`?mode=get_lock`): `GET_LOCK` on a session held for the
 //!   guard's life; waiters wait in the server with `GET_LOCK`'s timeout. The
 //!   session ending fires `lost()`: a server restart or crash at once (a
@@ -57,6 +62,16 @@
 //!   lease mode has no such gap.
 //! - A grant after a wait in `GET_LOCK` counts its lease from a round trip
 //!   after the wait, so it is valid on arrival however long it waited.
+//! - **lease**, the line (MariaDB): it orders exclusive waiters and never
+//!   grants anything itself — every grant is the lease transaction's, so
+//!   exclusion does not depend on it. A head that stops asking (its process
+//!   paused, or cut off) keeps other exclusive requests from a free lock
+//!   until the server ends its idle session, after 2 s (`wait_timeout` of the
+//!   line's sessions); a head whose process dies leaves at once. The release
+//!   that rings the head must be allowed to `KILL QUERY` its session (the same
+//!   user, or `CONNECTION ADMIN`); otherwise the head notices within its
+//!   sleep, at most 100 ms. Each waiter in line holds a connection of its own
+//!   while it waits.
 //!
 //! The schema is created on first use (idempotently). `mariadb://` is accepted
 //! as a synonym of `mysql://`.
@@ -81,6 +96,7 @@ mod get_lock;
 mod lease;
 mod modes;
 mod options;
+mod turnstile;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -95,6 +111,7 @@ pub use options::{MyMode, MyOptions};
 use crate::db::Db;
 use crate::get_lock::GetLock;
 use crate::modes::{GetLocks, LeaseTable};
+use crate::turnstile::Turnstile;
 
 const NAME: &str = "mysql";
 
@@ -163,6 +180,13 @@ impl MySqlBackend {
                 db.clone(),
                 released.clone(),
                 options.default_ttl,
+                mariadb.then(|| {
+                    Arc::new(Turnstile::new(
+                        connect.clone(),
+                        db.addr.clone(),
+                        options.pool as usize,
+                    ))
+                }),
             )),
             MyMode::GetLock => Arc::new(GetLocks::new(
                 db.clone(),

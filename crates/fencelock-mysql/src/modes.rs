@@ -16,6 +16,8 @@ use tokio::time::Instant;
 
 use crate::db::Db;
 use crate::get_lock::{self, GetLock};
+use crate::lease::Line;
+use crate::turnstile::Turnstile;
 use crate::{NAME, lease};
 
 /// What both modes can do; the lease table also shares (readers), `GET_LOCK`
@@ -32,25 +34,128 @@ fn capabilities(lease: bool) -> Capabilities {
         .with_cross_process(true)
 }
 
-/// `?mode=lease`: a row per holder with a fence column and an expiry.
+/// `?mode=lease`: a row per holder with a fence and an expiry.
 pub(crate) struct LeaseTable {
     db: Db,
     /// Wakes this process's waiters when a hold is released here.
     released: Arc<Notify>,
     default_ttl: Option<Duration>,
+    /// The line of exclusive waiters (MariaDB: `turnstile.rs`).
+    line: Option<Arc<Turnstile>>,
 }
 
 impl LeaseTable {
-    pub(crate) fn new(db: Db, released: Arc<Notify>, default_ttl: Option<Duration>) -> Self {
+    pub(crate) fn new(
+        db: Db,
+        released: Arc<Notify>,
+        default_ttl: Option<Duration>,
+        line: Option<Arc<Turnstile>>,
+    ) -> Self {
         LeaseTable {
             db,
             released,
             default_ttl,
+            line,
         }
     }
 
     fn grant(req: &Request, token: u64, holds: u32, requested_at: Instant) -> Grant {
         Grant::new(Some(FencingToken::new(token)), req.ttl, holds, requested_at)
+    }
+
+    /// Where `req` stands before it has a seat in the line.
+    fn line_of(&self, req: &Request) -> Line {
+        if self.line.is_some() && req.mode == Mode::Exclusive {
+            Line::Behind
+        } else {
+            Line::Off
+        }
+    }
+
+    /// An exclusive acquire that waits in the key's line (`turnstile.rs`):
+    /// one ask without a seat; then a seat, a place in the line, and, as its
+    /// head, asks between doorbell sleeps until granted or `deadline`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future while it queues or sleeps drops the seat's
+    /// session, which the server ends (and with it the place in line) when
+    /// the call in flight returns. A grant is never held back by an await:
+    /// the seat is let go in a task of its own.
+    async fn acquire_in_line(
+        &self,
+        line: &Arc<Turnstile>,
+        req: &Request,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Grant>> {
+        let requested_at = Instant::now();
+        if let Ok((token, holds)) = lease::attempt(&self.db, req, Line::Behind).await? {
+            return Ok(Some(Self::grant(req, token, holds, requested_at)));
+        }
+        // A reused seat the server has ended (idle too long) fails its first
+        // statement, as does the head's seat of a process paused longer than
+        // the seat's idle limit; the line is then joined again on a new
+        // session. Three such failures in a row end the acquire with the error.
+        let mut fresh = false;
+        let mut failures = 0;
+        'seat: loop {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(None);
+            }
+            let mut seat = line.seat(fresh).await?;
+            match line.queue(&mut seat, &req.key, deadline).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    line.unused(seat);
+                    return Ok(None);
+                }
+                Err(e) => {
+                    failures += 1;
+                    if failures >= 3 {
+                        return Err(e);
+                    }
+                    fresh = true;
+                    continue 'seat;
+                }
+            }
+            // The head: nobody else takes the lock while it is free.
+            let mut backoff = Backoff::new(Duration::from_millis(2), Duration::from_millis(100));
+            loop {
+                let requested_at = Instant::now();
+                let left = match lease::attempt(&self.db, req, Line::Head(seat.id)).await {
+                    Ok(Err(left)) => left,
+                    done => {
+                        // Granted or failed: the next in line goes on.
+                        line.leave_later(seat, &req.key);
+                        return done.map(|granted| {
+                            granted
+                                .ok()
+                                .map(|(token, holds)| Self::grant(req, token, holds, requested_at))
+                        });
+                    }
+                };
+                let mut nap = backoff.next_delay().min(left + Duration::from_millis(1));
+                if let Some(d) = deadline {
+                    let now = Instant::now();
+                    if now >= d {
+                        line.leave_later(seat, &req.key);
+                        return Ok(None);
+                    }
+                    nap = nap.min(d - now);
+                }
+                match line.doorbell(&mut seat, &req.key, nap).await {
+                    Ok(()) => failures = 0,
+                    Err(e) => {
+                        failures += 1;
+                        if failures >= 3 {
+                            return Err(e);
+                        }
+                        fresh = true;
+                        continue 'seat;
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -74,17 +179,22 @@ impl Backend for LeaseTable {
 
     async fn try_acquire(&self, req: &Request) -> Result<Option<Grant>> {
         let requested_at = Instant::now();
-        Ok(lease::attempt(&self.db, req)
+        Ok(lease::attempt(&self.db, req, self.line_of(req))
             .await?
             .ok()
             .map(|(token, holds)| Self::grant(req, token, holds, requested_at)))
     }
 
     async fn acquire(&self, req: &Request, deadline: Option<Instant>) -> Result<Option<Grant>> {
+        if let Some(line) = &self.line
+            && req.mode == Mode::Exclusive
+        {
+            return self.acquire_in_line(line, req, deadline).await;
+        }
         let backoff = Backoff::new(Duration::from_millis(2), Duration::from_millis(100));
         wait_for_grant(deadline, backoff, Some(&self.released), |_| async {
             let requested_at = Instant::now();
-            Ok(match lease::attempt(&self.db, req).await? {
+            Ok(match lease::attempt(&self.db, req, Line::Off).await? {
                 Ok((token, holds)) => {
                     TryOutcome::Granted(Self::grant(req, token, holds, requested_at))
                 }
@@ -101,7 +211,7 @@ impl Backend for LeaseTable {
     }
 
     async fn release(&self, lease: &LeaseRef) -> Result<Released> {
-        let released = lease::release(&self.db, lease).await?;
+        let released = lease::release(&self.db, lease, self.line.is_some()).await?;
         if released.remaining == 0 {
             self.released.notify_waiters();
         }

@@ -1,0 +1,171 @@
+//! Lease mode on MariaDB: exclusive waiters of different processes stand in a
+//! line (a `GET_LOCK` turnstile per key) and a free lock goes to its head, so
+//! a releaser cannot take the lock straight back; a head that stops asking
+//! holds the line up only until the server ends its idle session; a waiter
+//! that gives up leaves the line.
+//!
+//! Each `MySqlBackend` here stands for a process of its own (its own pool,
+//! no in-process wake-ups shared).
+
+mod support;
+
+use std::time::Duration;
+
+use fencelock_core::Locker;
+use fencelock_mysql::MySqlBackend;
+use sqlx::{Connection, MySqlConnection};
+use support::SHARED;
+use tokio::time::Instant;
+
+/// The turnstile's name of a key, as the backend computes it.
+const TURN_SQL: &str =
+    "CONCAT(LEFT(SHA2(CONCAT(DATABASE(), CHAR(31), ?), 256), 58), CHAR(31), 'turn')";
+
+fn unique(name: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("line-{name}-{}-{nanos}", std::process::id())
+}
+
+async fn locker() -> Locker {
+    Locker::new(
+        MySqlBackend::connect(&format!("{SHARED}?mode=lease"))
+            .await
+            .unwrap(),
+    )
+}
+
+async fn raw() -> MySqlConnection {
+    MySqlConnection::connect(SHARED).await.unwrap()
+}
+
+/// The session at the head of `key`'s line, if any.
+async fn head(raw: &mut MySqlConnection, key: &str) -> Option<i64> {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT CAST(IS_USED_LOCK({TURN_SQL}) AS SIGNED)"
+    )))
+    .bind(key)
+    .fetch_one(raw)
+    .await
+    .unwrap()
+}
+
+/// Waits (up to 20 s) until `key`'s line has a head, or has none.
+async fn until_head(raw: &mut MySqlConnection, key: &str, present: bool) {
+    let until = Instant::now() + Duration::from_secs(20);
+    while head(raw, key).await.is_some() != present {
+        assert!(
+            Instant::now() < until,
+            "the line of {key} never {} a head",
+            if present { "had" } else { "lost" }
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_releaser_cannot_take_the_lock_back_from_a_waiter_of_another_process() {
+    let key = unique("back");
+    let (a, b) = (locker().await, locker().await);
+    let mut raw = raw().await;
+    let held = a.lock(&key).acquire().await.unwrap();
+    let first = held.token().unwrap();
+    let waiter = {
+        let (b, key) = (b.clone(), key.clone());
+        tokio::spawn(async move { b.lock(&key).wait(Duration::from_secs(60)).acquire().await })
+    };
+    until_head(&mut raw, &key, true).await;
+    held.release().await.unwrap();
+    // At once, as a busy process would: the waiter is next, not the releaser.
+    assert!(
+        a.lock(&key).try_acquire().await.unwrap().is_none(),
+        "the releaser took the lock back from the waiter at the head of the line"
+    );
+    let got = waiter.await.unwrap().unwrap();
+    assert!(got.token().unwrap() > first);
+    got.release().await.unwrap();
+    // With nobody in line the lock is anyone's again.
+    until_head(&mut raw, &key, false).await;
+    let again = a.lock(&key).try_acquire().await.unwrap();
+    assert!(
+        again.is_some(),
+        "a free lock with an empty line was refused"
+    );
+    again.unwrap().release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_that_stops_asking_holds_the_line_up_only_until_its_session_idles_out() {
+    let key = unique("stuck");
+    let a = locker().await;
+    // A head whose process stopped: its session holds the turnstile and
+    // sends nothing more, with the idle limit the backend gives its seats.
+    let mut stuck = raw().await;
+    sqlx::query("SET SESSION wait_timeout = 2")
+        .execute(&mut stuck)
+        .await
+        .unwrap();
+    let got: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT GET_LOCK({TURN_SQL}, 0)"
+    )))
+    .bind(&key)
+    .fetch_one(&mut stuck)
+    .await
+    .unwrap();
+    assert_eq!(got, Some(1));
+    assert!(
+        a.lock(&key).try_acquire().await.unwrap().is_none(),
+        "a free lock was taken past the head of its line"
+    );
+    // The server ends the idle session within a few seconds; the acquire
+    // then takes the free lock.
+    let started = Instant::now();
+    let guard = a
+        .lock(&key)
+        .wait(Duration::from_secs(60))
+        .acquire()
+        .await
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(50));
+    guard.release().await.unwrap();
+    drop(stuck);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_gives_up_leaves_the_line() {
+    let key = unique("gives-up");
+    let (a, b) = (locker().await, locker().await);
+    let mut raw = raw().await;
+    let held = a.lock(&key).acquire().await.unwrap();
+    let timed_out = b
+        .lock(&key)
+        .wait(Duration::from_millis(1500))
+        .acquire()
+        .await;
+    assert!(
+        matches!(timed_out, Err(fencelock_core::Error::Timeout { .. })),
+        "{timed_out:?}"
+    );
+    until_head(&mut raw, &key, false).await;
+    held.release().await.unwrap();
+    let next = b.lock(&key).try_acquire().await.unwrap();
+    assert!(next.is_some(), "a waiter that gave up still held the line");
+    next.unwrap().release().await.unwrap();
+
+    // Cancelled rather than timed out: the same.
+    let held = a.lock(&key).acquire().await.unwrap();
+    let waiter = {
+        let (b, key) = (b.clone(), key.clone());
+        tokio::spawn(async move { b.lock(&key).acquire().await })
+    };
+    until_head(&mut raw, &key, true).await;
+    waiter.abort();
+    let _ = waiter.await;
+    until_head(&mut raw, &key, false).await;
+    held.release().await.unwrap();
+    let next = a.lock(&key).try_acquire().await.unwrap();
+    assert!(next.is_some(), "a cancelled waiter still held the line");
+    next.unwrap().release().await.unwrap();
+}
