@@ -70,8 +70,9 @@
 //!   line's sessions); a head whose process dies leaves at once. The release
 //!   that rings the head must be allowed to `KILL QUERY` its session (the same
 //!   user, or `CONNECTION ADMIN`); otherwise the head notices within its
-//!   sleep, at most 100 ms. Each waiter in line holds a connection of its own
-//!   while it waits.
+//!   sleep, at most 100 ms. At most `pool` waiters of a process stand in line
+//!   at once, each on a connection of its own; the others wait in the process
+//!   for a place.
 //!
 //! The schema is created on first use (idempotently). `mariadb://` is accepted
 //! as a synonym of `mysql://`.

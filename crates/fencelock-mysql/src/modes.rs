@@ -102,7 +102,9 @@ impl LeaseTable {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(None);
             }
-            let mut seat = line.seat(fresh).await?;
+            let Some(mut seat) = line.seat(fresh, deadline).await? else {
+                return Ok(None);
+            };
             match line.queue(&mut seat, &req.key, deadline).await {
                 Ok(true) => {}
                 Ok(false) => {

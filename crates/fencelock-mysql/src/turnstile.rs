@@ -24,7 +24,10 @@
 //!   (the server drops it; the head's next check sees the lock free) costs the
 //!   head at most its sleep, at most 100 ms;
 //! - shared and semaphore requests neither queue nor defer: a writer in line
-//!   can wait behind a stream of readers, as without the line.
+//!   can wait behind a stream of readers, as without the line;
+//! - a process stands at most `pool` waiters in line at once, each on a
+//!   session of its own (a *seat*); its other waiters wait in the process for
+//!   a place.
 //!
 //! The session a release rings is the one `IS_USED_LOCK` names in the
 //! release's own statement; connection ids count up while the server runs, so
@@ -41,6 +44,7 @@ use std::time::Duration;
 use fencelock_core::{Error, Key, Result};
 use sqlx::mysql::MySqlConnectOptions;
 use sqlx::{Connection, MySqlConnection};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::db::{Db, is_interrupted, map_err};
@@ -61,23 +65,29 @@ const QUEUE_STEP: Duration = Duration::from_secs(1);
 pub(crate) struct Seat {
     conn: MySqlConnection,
     pub(crate) id: i64,
+    /// One of the process's places in line, while the seat is in use.
+    place: Option<OwnedSemaphorePermit>,
 }
 
-/// Sessions for the line, opened on demand, kept idle for reuse.
+/// Sessions for the line, opened on demand, kept idle for reuse; at most
+/// `seats` in use at once (each is a connection of its own).
 pub(crate) struct Turnstile {
     options: MySqlConnectOptions,
     addr: String,
     idle: Mutex<Vec<Seat>>,
-    max_idle: usize,
+    places: Arc<Semaphore>,
+    seats: usize,
 }
 
 impl Turnstile {
-    pub(crate) fn new(options: MySqlConnectOptions, addr: String, max_idle: usize) -> Self {
+    pub(crate) fn new(options: MySqlConnectOptions, addr: String, seats: usize) -> Self {
+        let seats = seats.max(1);
         Turnstile {
             options,
             addr,
             idle: Mutex::new(Vec::new()),
-            max_idle,
+            places: Arc::new(Semaphore::new(seats)),
+            seats,
         }
     }
 
@@ -85,11 +95,27 @@ impl Turnstile {
         map_err(&self.addr, e)
     }
 
-    /// An idle seat, or a new session. A reused seat may have been ended by
-    /// the server meanwhile (its next statement fails; the caller takes a new one).
-    pub(crate) async fn seat(&self, fresh: bool) -> Result<Seat> {
-        if !fresh && let Some(s) = self.idle.lock().ok().and_then(|mut v| v.pop()) {
-            return Ok(s);
+    /// A place in line for this process (at most `seats` waiters at once;
+    /// `None` if `deadline` passes first) on an idle seat, or on a new session.
+    /// A reused seat may have been ended by the server meanwhile (its next
+    /// statement fails; the caller takes a new one).
+    pub(crate) async fn seat(
+        &self,
+        fresh: bool,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Seat>> {
+        let place = self.places.clone().acquire_owned();
+        let place = match deadline {
+            Some(d) => match tokio::time::timeout_at(d, place).await {
+                Ok(p) => p,
+                Err(_) => return Ok(None),
+            },
+            None => place.await,
+        }
+        .map_err(|_| Error::backend(crate::NAME, "the line's places were closed"))?;
+        if !fresh && let Some(mut s) = self.idle.lock().ok().and_then(|mut v| v.pop()) {
+            s.place = Some(place);
+            return Ok(Some(s));
         }
         let mut conn = MySqlConnection::connect_with(&self.options)
             .await
@@ -103,13 +129,18 @@ impl Turnstile {
             .fetch_one(&mut conn)
             .await
             .map_err(|e| self.err(e))?;
-        Ok(Seat { conn, id })
+        Ok(Some(Seat {
+            conn,
+            id,
+            place: Some(place),
+        }))
     }
 
-    /// Keeps a seat that holds no turnstile for reuse.
-    fn put_back(&self, seat: Seat) {
+    /// Keeps a seat that holds no turnstile for reuse; its place goes back.
+    fn put_back(&self, mut seat: Seat) {
+        seat.place = None;
         if let Ok(mut v) = self.idle.lock()
-            && v.len() < self.max_idle
+            && v.len() < self.seats
         {
             v.push(seat);
         }

@@ -169,3 +169,47 @@ async fn a_waiter_that_gives_up_leaves_the_line() {
     assert!(next.is_some(), "a cancelled waiter still held the line");
     next.unwrap().release().await.unwrap();
 }
+
+/// A process stands at most `pool` waiters in line at once (each on a
+/// connection of its own); the others wait in the process for a place, and
+/// every one of them is served, one holder at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_waiters_of_one_process_share_its_places_in_line() {
+    let key = unique("many");
+    let a = Locker::new(
+        MySqlBackend::connect(&format!("{SHARED}?mode=lease&pool=2"))
+            .await
+            .unwrap(),
+    );
+    let b = locker().await;
+    let inside = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..12 {
+        let (locker, key, inside) = (
+            if i % 3 == 0 { b.clone() } else { a.clone() },
+            key.clone(),
+            inside.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..3 {
+                let g = locker
+                    .lock(&key)
+                    .wait(Duration::from_secs(120))
+                    .acquire()
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst),
+                    0,
+                    "two holders"
+                );
+                tokio::task::yield_now().await;
+                inside.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
