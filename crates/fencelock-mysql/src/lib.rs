@@ -71,8 +71,8 @@
 //!   that rings the head must be allowed to `KILL QUERY` its session (the same
 //!   user, or `CONNECTION ADMIN`); otherwise the head notices within its
 //!   sleep, at most 100 ms. At most `pool` waiters of a process stand in line
-//!   at once, each on a connection of its own; the others wait in the process
-//!   for a place.
+//!   at once, each on a connection of its own (up to twice `pool` connections
+//!   with the pool's); while all its places are taken, its other waiters poll.
 //!
 //! The schema is created on first use (idempotently). `mariadb://` is accepted
 //! as a synonym of `mysql://`.

@@ -34,6 +34,13 @@ fn capabilities(lease: bool) -> Capabilities {
         .with_cross_process(true)
 }
 
+/// How a wait for a place in line ended.
+enum ForPlace {
+    Place(tokio::sync::OwnedSemaphorePermit),
+    Granted(Grant),
+    TimedOut,
+}
+
 /// `?mode=lease`: a row per holder with a fence and an expiry.
 pub(crate) struct LeaseTable {
     db: Db,
@@ -72,6 +79,45 @@ impl LeaseTable {
         }
     }
 
+    /// While every place this process has in line is taken (by waits on
+    /// other keys, perhaps held up by this very process's holds), asks as
+    /// waiters did before the line: polling with backoff, woken by releases
+    /// in this process — until granted, a place frees, or `deadline`.
+    async fn poll_for_place(
+        &self,
+        line: &Turnstile,
+        req: &Request,
+        deadline: Option<Instant>,
+    ) -> Result<ForPlace> {
+        let mut backoff = Backoff::new(Duration::from_millis(2), Duration::from_millis(100));
+        let mut retry_in = None;
+        loop {
+            let woken = self.released.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            tokio::select! {
+                place = line.place() => return Ok(ForPlace::Place(place?)),
+                () = &mut woken => backoff.reset(),
+                () = backoff.sleep(deadline, retry_in) => {}
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(ForPlace::TimedOut);
+            }
+            let requested_at = Instant::now();
+            match lease::attempt(&self.db, req, Line::Behind).await? {
+                Ok((token, holds)) => {
+                    return Ok(ForPlace::Granted(Self::grant(
+                        req,
+                        token,
+                        holds,
+                        requested_at,
+                    )));
+                }
+                Err(left) => retry_in = Some(left + Duration::from_millis(1)),
+            }
+        }
+    }
+
     /// An exclusive acquire that waits in the key's line (`turnstile.rs`):
     /// one ask without a seat; then a seat, a place in the line, and, as its
     /// head, asks between doorbell sleeps until granted or `deadline`.
@@ -79,8 +125,8 @@ impl LeaseTable {
     /// # Cancel safety
     ///
     /// Dropping the future while it queues or sleeps drops the seat's
-    /// session, which the server ends (and with it the place in line) when
-    /// the call in flight returns. A grant is never held back by an await:
+    /// session, which the server ends (and with it the place in line) within
+    /// about a second. A grant is never held back by an await:
     /// the seat is let go in a task of its own.
     async fn acquire_in_line(
         &self,
@@ -102,9 +148,15 @@ impl LeaseTable {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(None);
             }
-            let Some(mut seat) = line.seat(fresh, deadline).await? else {
-                return Ok(None);
+            let place = match line.place_now() {
+                Some(place) => place,
+                None => match self.poll_for_place(line, req, deadline).await? {
+                    ForPlace::Place(place) => place,
+                    ForPlace::Granted(grant) => return Ok(Some(grant)),
+                    ForPlace::TimedOut => return Ok(None),
+                },
             };
+            let mut seat = line.seat(fresh, place).await?;
             match line.queue(&mut seat, &req.key, deadline).await {
                 Ok(true) => {}
                 Ok(false) => {

@@ -26,8 +26,12 @@
 //! - shared and semaphore requests neither queue nor defer: a writer in line
 //!   can wait behind a stream of readers, as without the line;
 //! - a process stands at most `pool` waiters in line at once, each on a
-//!   session of its own (a *seat*); its other waiters wait in the process for
-//!   a place.
+//!   session of its own (a *seat*: up to twice `pool` connections with the
+//!   pool's); while all its places are taken, its other waiters poll as
+//!   before the line (waits on other keys, held up perhaps by this process's
+//!   own holds, must not keep them from a free lock);
+//! - any other session that takes a turnstile's name is taken for a head: a
+//!   release interrupts its statements.
 //!
 //! The session a release rings is the one `IS_USED_LOCK` names in the
 //! release's own statement; connection ids count up while the server runs, so
@@ -57,9 +61,12 @@ pub(crate) const TURN_SQL: &str =
 /// longest a head that stopped asking keeps others from a free lock.
 pub(crate) const IDLE_SECS: u64 = 2;
 
-/// How long one `GET_LOCK` call waits before it is sent again (a waiter that
-/// was cancelled meanwhile leaves the server's queue by then).
-const QUEUE_STEP: Duration = Duration::from_secs(1);
+/// How long one `GET_LOCK` call waits at most before it is sent again. A
+/// call sent again goes to the back of the server's queue, so it is long: a
+/// waiter that is cancelled does not need it to leave, since the server ends
+/// a session whose client has gone while it waits in `GET_LOCK` (within about
+/// a second: measured on MariaDB 10.11).
+const QUEUE_STEP: Duration = Duration::from_secs(3600);
 
 /// A session of the line and its connection id (what `IS_USED_LOCK` names).
 pub(crate) struct Seat {
@@ -95,27 +102,31 @@ impl Turnstile {
         map_err(&self.addr, e)
     }
 
-    /// A place in line for this process (at most `seats` waiters at once;
-    /// `None` if `deadline` passes first) on an idle seat, or on a new session.
-    /// A reused seat may have been ended by the server meanwhile (its next
-    /// statement fails; the caller takes a new one).
-    pub(crate) async fn seat(
-        &self,
-        fresh: bool,
-        deadline: Option<Instant>,
-    ) -> Result<Option<Seat>> {
-        let place = self.places.clone().acquire_owned();
-        let place = match deadline {
-            Some(d) => match tokio::time::timeout_at(d, place).await {
-                Ok(p) => p,
-                Err(_) => return Ok(None),
-            },
-            None => place.await,
-        }
-        .map_err(|_| Error::backend(crate::NAME, "the line's places were closed"))?;
+    /// One of this process's places in line, if one is free now.
+    pub(crate) fn place_now(&self) -> Option<OwnedSemaphorePermit> {
+        self.places.clone().try_acquire_owned().ok()
+    }
+
+    /// Waits for one of this process's places in line.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future gives up the wait and takes nothing.
+    pub(crate) async fn place(&self) -> Result<OwnedSemaphorePermit> {
+        self.places
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| Error::backend(crate::NAME, "the line's places were closed"))
+    }
+
+    /// A seat for `place`: an idle one, or a new session. A reused seat may
+    /// have been ended by the server meanwhile (its next statement fails; the
+    /// caller takes a new one).
+    pub(crate) async fn seat(&self, fresh: bool, place: OwnedSemaphorePermit) -> Result<Seat> {
         if !fresh && let Some(mut s) = self.idle.lock().ok().and_then(|mut v| v.pop()) {
             s.place = Some(place);
-            return Ok(Some(s));
+            return Ok(s);
         }
         let mut conn = MySqlConnection::connect_with(&self.options)
             .await
@@ -129,11 +140,11 @@ impl Turnstile {
             .fetch_one(&mut conn)
             .await
             .map_err(|e| self.err(e))?;
-        Ok(Some(Seat {
+        Ok(Seat {
             conn,
             id,
             place: Some(place),
-        }))
+        })
     }
 
     /// Keeps a seat that holds no turnstile for reuse; its place goes back.
@@ -152,8 +163,8 @@ impl Turnstile {
     /// # Cancel safety
     ///
     /// Dropping the future drops the session: the server ends it, and with
-    /// it the place in line, when the `GET_LOCK` call in flight returns
-    /// (within [`QUEUE_STEP`]; at once if it is granted).
+    /// it the place in line, within about a second (it notices the closed
+    /// connection while the `GET_LOCK` call waits; at once if it is granted).
     pub(crate) async fn queue(
         &self,
         seat: &mut Seat,
