@@ -65,14 +65,16 @@
 //! - **lease**, the line (MariaDB): it orders exclusive waiters and never
 //!   grants anything itself — every grant is the lease transaction's, so
 //!   exclusion does not depend on it. A head that stops asking (its process
-//!   paused, or cut off) keeps other exclusive requests from a free lock
-//!   until the server ends its idle session, after 2 s (`wait_timeout` of the
-//!   line's sessions); a head whose process dies leaves at once. The release
-//!   that rings the head must be allowed to `KILL QUERY` its session (the same
-//!   user, or `CONNECTION ADMIN`); otherwise the head notices within its
-//!   sleep, at most 100 ms. At most `pool` waiters of a process stand in line
-//!   at once, each on a connection of its own (up to twice `pool` connections
-//!   with the pool's); while all its places are taken, its other waiters poll.
+//!   paused, its host dead or cut off) keeps other exclusive requests from a
+//!   free lock until the server ends its idle session, after 2 s
+//!   (`wait_timeout` of the line's sessions); one whose process dies on a
+//!   host that stays up leaves at once. The release that rings the head must
+//!   be allowed to `KILL QUERY` its session (the same user, or `CONNECTION
+//!   ADMIN`); otherwise the head notices within its sleep, at most 100 ms.
+//!   At most `pool` waiters of a process stand in line at once, each on a
+//!   connection of its own (usually up to twice `pool` connections with the
+//!   pool's, briefly more after a seat fails or is cancelled); while all its
+//!   places are taken, its other waiters poll, as before the line.
 //!
 //! The schema is created on first use (idempotently). `mariadb://` is accepted
 //! as a synonym of `mysql://`.

@@ -81,8 +81,10 @@ impl LeaseTable {
 
     /// While every place this process has in line is taken (by waits on
     /// other keys, perhaps held up by this very process's holds), asks as
-    /// waiters did before the line: polling with backoff, woken by releases
-    /// in this process — until granted, a place frees, or `deadline`.
+    /// waiters did before the line — taking a free lock even while a head
+    /// waits, polling with backoff, woken by releases in this process —
+    /// until granted, a place frees (its turn kept while it asks), or
+    /// `deadline`.
     async fn poll_for_place(
         &self,
         line: &Turnstile,
@@ -90,30 +92,27 @@ impl LeaseTable {
         deadline: Option<Instant>,
     ) -> Result<ForPlace> {
         let mut backoff = Backoff::new(Duration::from_millis(2), Duration::from_millis(100));
-        let mut retry_in = None;
+        let place = line.place();
+        tokio::pin!(place);
         loop {
             let woken = self.released.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
-            tokio::select! {
-                place = line.place() => return Ok(ForPlace::Place(place?)),
-                () = &mut woken => backoff.reset(),
-                () = backoff.sleep(deadline, retry_in) => {}
-            }
+            let requested_at = Instant::now();
+            let retry_in = match lease::attempt(&self.db, req, Line::Off).await? {
+                Ok((token, holds)) => {
+                    let grant = Self::grant(req, token, holds, requested_at);
+                    return Ok(ForPlace::Granted(grant));
+                }
+                Err(left) => (left > Duration::ZERO).then(|| left + Duration::from_millis(1)),
+            };
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(ForPlace::TimedOut);
             }
-            let requested_at = Instant::now();
-            match lease::attempt(&self.db, req, Line::Behind).await? {
-                Ok((token, holds)) => {
-                    return Ok(ForPlace::Granted(Self::grant(
-                        req,
-                        token,
-                        holds,
-                        requested_at,
-                    )));
-                }
-                Err(left) => retry_in = Some(left + Duration::from_millis(1)),
+            tokio::select! {
+                place = &mut place => return Ok(ForPlace::Place(place?)),
+                () = &mut woken => backoff.reset(),
+                () = backoff.sleep(deadline, retry_in) => {}
             }
         }
     }
@@ -125,8 +124,8 @@ impl LeaseTable {
     /// # Cancel safety
     ///
     /// Dropping the future while it queues or sleeps drops the seat's
-    /// session, which the server ends (and with it the place in line) within
-    /// about a second. A grant is never held back by an await:
+    /// session; the server ends it, and with it the place in line, when it
+    /// sees the connection closed (`turnstile.rs`, "Leaving"). A grant is never held back by an await:
     /// the seat is let go in a task of its own.
     async fn acquire_in_line(
         &self,

@@ -2,9 +2,11 @@
 //! processes, and a doorbell a release rings.
 //!
 //! A waiter that finds the key held queues for the key's *turnstile*, a
-//! `GET_LOCK` name of its own taken on a session of its own: the server keeps
-//! the order of the waiters and hands the turnstile to the next as the last
-//! leaves. The waiter holding it (the *head*) asks for the lease; while it
+//! `GET_LOCK` name of its own taken on a session of its own: the server
+//! grants it in the order the waiters asked for it (a waiter whose call is
+//! interrupted — by a late ring meant for its seat's earlier turn as head —
+//! or runs its hour out asks again, at the back), handing it to the next as
+//! the last leaves. The waiter holding it (the *head*) asks for the lease; while it
 //! is there, an exclusive request of anyone else that finds the lock free is
 //! refused (it queues instead), so a releaser cannot take the lock straight
 //! back. Between asks the head sleeps in the server (`SLEEP` while a live
@@ -16,9 +18,11 @@
 //! transaction alone: the turnstile only ever makes a request refuse a grant
 //! it could have had. What it can cost is time:
 //!
-//! - a head that stops asking (a paused or cut-off process) keeps every other
-//!   exclusive request from a free lock until the server ends its idle session:
-//!   the turnstile sessions' `wait_timeout` is [`IDLE_SECS`];
+//! - a head that stops asking (a paused or cut-off process, a host that
+//!   died) keeps every other exclusive request from a free lock until the
+//!   server ends its idle session: the turnstile sessions' `wait_timeout` is
+//!   [`IDLE_SECS`]; a head whose process dies on a host that stays up leaves
+//!   at once (its connection closes);
 //! - a `KILL QUERY` the releaser may not send (another user, without
 //!   `CONNECTION ADMIN`) or one that arrives between the head's statements
 //!   (the server drops it; the head's next check sees the lock free) costs the
@@ -26,10 +30,12 @@
 //! - shared and semaphore requests neither queue nor defer: a writer in line
 //!   can wait behind a stream of readers, as without the line;
 //! - a process stands at most `pool` waiters in line at once, each on a
-//!   session of its own (a *seat*: up to twice `pool` connections with the
-//!   pool's); while all its places are taken, its other waiters poll as
-//!   before the line (waits on other keys, held up perhaps by this process's
-//!   own holds, must not keep them from a free lock);
+//!   session of its own (a *seat*: usually up to twice `pool` connections
+//!   with the pool's, briefly more after a seat fails or is cancelled); while
+//!   all its places are taken, its other waiters poll as before the line,
+//!   taking a free lock even while a head waits (waits on other keys, held up
+//!   perhaps by this process's own holds, must not keep them from a free
+//!   lock);
 //! - any other session that takes a turnstile's name is taken for a head: a
 //!   release interrupts its statements.
 //!
@@ -37,6 +43,18 @@
 //! release's own statement; connection ids count up while the server runs, so
 //! the `KILL QUERY` reaches that session or, if it has ended, none (a restart
 //! of the server between the two statements is the exception).
+//!
+//! # Leaving
+//!
+//! A waiter that times out lets its `GET_LOCK` call run out at its deadline.
+//! One that is cancelled drops its session; the server checks each second
+//! whether the connection of a session waiting in `GET_LOCK` has closed, and
+//! ends it then. If no FIN or RST reaches the server (its host down, the
+//! network cut), the session stays queued until its call times out: the
+//! acquire's deadline, else an hour ([`QUEUE_STEP`]), or sooner if the server's
+//! TCP keepalive (`tcp_keepalive_time`) is set shorter; should its turn come
+//! first, it holds the line as a head that stopped asking, for up to
+//! [`IDLE_SECS`].
 //!
 //! The name is `<first 58 hex digits of SHA-256(database ␟ key)>␟turn`: never
 //! a key (keys hold no control characters) nor a `get_lock`-mode name, and
@@ -63,9 +81,7 @@ pub(crate) const IDLE_SECS: u64 = 2;
 
 /// How long one `GET_LOCK` call waits at most before it is sent again. A
 /// call sent again goes to the back of the server's queue, so it is long: a
-/// waiter that is cancelled does not need it to leave, since the server ends
-/// a session whose client has gone while it waits in `GET_LOCK` (within about
-/// a second: measured on MariaDB 10.11).
+/// waiter that is cancelled does not need it to leave (see "Leaving" above).
 const QUEUE_STEP: Duration = Duration::from_secs(3600);
 
 /// A session of the line and its connection id (what `IS_USED_LOCK` names).
@@ -162,9 +178,9 @@ impl Turnstile {
     ///
     /// # Cancel safety
     ///
-    /// Dropping the future drops the session: the server ends it, and with
-    /// it the place in line, within about a second (it notices the closed
-    /// connection while the `GET_LOCK` call waits; at once if it is granted).
+    /// Dropping the future drops the session; the server ends it, and with
+    /// it the place in line, when it sees the connection closed (see
+    /// "Leaving" above).
     pub(crate) async fn queue(
         &self,
         seat: &mut Seat,
