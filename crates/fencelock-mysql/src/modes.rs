@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use crate::db::Db;
 use crate::get_lock::{self, GetLock};
 use crate::lease::Line;
-use crate::turnstile::Turnstile;
+use crate::turnstile::{Seat, Turnstile};
 use crate::{NAME, lease};
 
 /// What both modes can do; the lease table also shares (readers), `GET_LOCK`
@@ -32,6 +32,13 @@ fn capabilities(lease: bool) -> Capabilities {
         .with_ttl(true)
         .with_inspect(true)
         .with_cross_process(true)
+}
+
+/// How a turn on a seat ended: with the acquire's outcome, or with the seat's
+/// session failing (the line is joined again on a new one).
+enum Turn {
+    Done(Result<Option<Grant>>),
+    SeatFailed(fencelock_core::Error),
 }
 
 /// How a wait for a place in line ended.
@@ -143,7 +150,7 @@ impl LeaseTable {
         // session. Three such failures in a row end the acquire with the error.
         let mut fresh = false;
         let mut failures = 0;
-        'seat: loop {
+        loop {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(None);
             }
@@ -155,58 +162,69 @@ impl LeaseTable {
                     ForPlace::TimedOut => return Ok(None),
                 },
             };
-            let mut seat = line.seat(fresh, place).await?;
-            match line.queue(&mut seat, &req.key, deadline).await {
-                Ok(true) => {}
-                Ok(false) => {
-                    line.unused(seat);
-                    return Ok(None);
-                }
-                Err(e) => {
+            let seat = line.seat(fresh, place).await?;
+            match self
+                .take_turn(line, seat, req, deadline, &mut failures)
+                .await
+            {
+                Turn::Done(done) => return done,
+                Turn::SeatFailed(e) => {
                     failures += 1;
                     if failures >= 3 {
                         return Err(e);
                     }
                     fresh = true;
-                    continue 'seat;
                 }
             }
-            // The head: nobody else takes the lock while it is free.
-            let mut backoff = Backoff::new(Duration::from_millis(2), Duration::from_millis(100));
-            loop {
-                let requested_at = Instant::now();
-                let left = match lease::attempt(&self.db, req, Line::Head(seat.id)).await {
-                    Ok(Err(left)) => left,
-                    done => {
-                        // Granted or failed: the next in line goes on.
-                        line.leave_later(seat, &req.key);
-                        return done.map(|granted| {
-                            granted
-                                .ok()
-                                .map(|(token, holds)| Self::grant(req, token, holds, requested_at))
-                        });
-                    }
-                };
-                let mut nap = backoff.next_delay().min(left + Duration::from_millis(1));
-                if let Some(d) = deadline {
-                    let now = Instant::now();
-                    if now >= d {
-                        line.leave_later(seat, &req.key);
-                        return Ok(None);
-                    }
-                    nap = nap.min(d - now);
+        }
+    }
+
+    /// Queues on `seat`, then, as the head, asks between doorbell sleeps.
+    /// A doorbell that rang resets `failures`.
+    async fn take_turn(
+        &self,
+        line: &Arc<Turnstile>,
+        mut seat: Seat,
+        req: &Request,
+        deadline: Option<Instant>,
+        failures: &mut u32,
+    ) -> Turn {
+        match line.queue(&mut seat, &req.key, deadline).await {
+            Ok(true) => {}
+            Ok(false) => {
+                line.unused(seat);
+                return Turn::Done(Ok(None));
+            }
+            Err(e) => return Turn::SeatFailed(e),
+        }
+        // The head: nobody else takes the lock while it is free.
+        let mut backoff = Backoff::new(Duration::from_millis(2), Duration::from_millis(100));
+        loop {
+            let requested_at = Instant::now();
+            let left = match lease::attempt(&self.db, req, Line::Head(seat.id)).await {
+                Ok(Err(left)) => left,
+                done => {
+                    // Granted or failed: the next in line goes on.
+                    line.leave_later(seat, &req.key);
+                    return Turn::Done(done.map(|granted| {
+                        granted
+                            .ok()
+                            .map(|(token, holds)| Self::grant(req, token, holds, requested_at))
+                    }));
                 }
-                match line.doorbell(&mut seat, &req.key, nap).await {
-                    Ok(()) => failures = 0,
-                    Err(e) => {
-                        failures += 1;
-                        if failures >= 3 {
-                            return Err(e);
-                        }
-                        fresh = true;
-                        continue 'seat;
-                    }
+            };
+            let mut nap = backoff.next_delay().min(left + Duration::from_millis(1));
+            if let Some(d) = deadline {
+                let now = Instant::now();
+                if now >= d {
+                    line.leave_later(seat, &req.key);
+                    return Turn::Done(Ok(None));
                 }
+                nap = nap.min(d - now);
+            }
+            match line.doorbell(&mut seat, &req.key, nap).await {
+                Ok(()) => *failures = 0,
+                Err(e) => return Turn::SeatFailed(e),
             }
         }
     }

@@ -13,57 +13,9 @@ use std::time::Duration;
 
 use fencelock_core::Locker;
 use fencelock_mysql::MySqlBackend;
-use sqlx::{Connection, MySqlConnection};
 use support::SHARED;
+use support::line::{TURN_SQL, locker, raw, unique, until_head};
 use tokio::time::Instant;
-
-/// The turnstile's name of a key, as the backend computes it.
-const TURN_SQL: &str =
-    "CONCAT(LEFT(SHA2(CONCAT(DATABASE(), CHAR(31), ?), 256), 58), CHAR(31), 'turn')";
-
-fn unique(name: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    format!("line-{name}-{}-{nanos}", std::process::id())
-}
-
-async fn locker() -> Locker {
-    Locker::new(
-        MySqlBackend::connect(&format!("{SHARED}?mode=lease"))
-            .await
-            .unwrap(),
-    )
-}
-
-async fn raw() -> MySqlConnection {
-    MySqlConnection::connect(SHARED).await.unwrap()
-}
-
-/// The session at the head of `key`'s line, if any.
-async fn head(raw: &mut MySqlConnection, key: &str) -> Option<i64> {
-    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT CAST(IS_USED_LOCK({TURN_SQL}) AS SIGNED)"
-    )))
-    .bind(key)
-    .fetch_one(raw)
-    .await
-    .unwrap()
-}
-
-/// Waits (up to 20 s) until `key`'s line has a head, or has none.
-async fn until_head(raw: &mut MySqlConnection, key: &str, present: bool) {
-    let until = Instant::now() + Duration::from_secs(20);
-    while head(raw, key).await.is_some() != present {
-        assert!(
-            Instant::now() < until,
-            "the line of {key} never {} a head",
-            if present { "had" } else { "lost" }
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_releaser_cannot_take_the_lock_back_from_a_waiter_of_another_process() {

@@ -13,67 +13,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fencelock_core::Locker;
-use fencelock_mysql::MySqlBackend;
 use sqlx::{Connection, MySqlConnection};
-use support::SHARED;
+use support::line::{head, locker, locker_at, queued, raw, unique, until_head};
 use tokio::time::Instant;
 
 /// A hold as the chaos test logs it: key, token, start, end, task.
 type Hold = (usize, u64, Instant, Instant, usize);
-
-const TURN_SQL: &str =
-    "CONCAT(LEFT(SHA2(CONCAT(DATABASE(), CHAR(31), ?), 256), 58), CHAR(31), 'turn')";
-
-fn unique(name: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    format!("atk-{name}-{}-{nanos}", std::process::id())
-}
-
-async fn locker_at(url: &str) -> Locker {
-    Locker::new(MySqlBackend::connect(url).await.unwrap())
-}
-
-async fn locker() -> Locker {
-    locker_at(&format!("{SHARED}?mode=lease")).await
-}
-
-async fn raw() -> MySqlConnection {
-    MySqlConnection::connect(SHARED).await.unwrap()
-}
-
-async fn head(raw: &mut MySqlConnection, key: &str) -> Option<i64> {
-    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT CAST(IS_USED_LOCK({TURN_SQL}) AS SIGNED)"
-    )))
-    .bind(key)
-    .fetch_one(raw)
-    .await
-    .unwrap()
-}
-
-async fn until_head(raw: &mut MySqlConnection, key: &str, present: bool) {
-    let until = Instant::now() + Duration::from_secs(20);
-    while head(raw, key).await.is_some() != present {
-        assert!(
-            Instant::now() < until,
-            "line of {key}: head present={present} never"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-/// Sessions waiting in GET_LOCK for this key's turnstile (by processlist).
-async fn queued(raw: &mut MySqlConnection) -> i64 {
-    sqlx::query_scalar(
-        "SELECT COUNT(*) FROM information_schema.processlist WHERE info LIKE 'SELECT GET_LOCK(CONCAT(LEFT(SHA2%'",
-    )
-    .fetch_one(raw)
-    .await
-    .unwrap()
-}
 
 /// Claim: "the server keeps the order of the waiters". A queued waiter
 /// that sent its `GET_LOCK` again every second went to the back of the

@@ -12,6 +12,8 @@ use fencelock_mysql::MySqlBackend;
 use fencelock_testkit::faults::FaultHarness;
 use fencelock_testkit::{Signal, free_port, send_signal, wait_for_port};
 
+pub mod line;
+
 pub const SHARED: &str = "mysql://root@127.0.0.1:3306/test";
 
 /// A private server on a free port, in a temporary data directory, without
