@@ -63,6 +63,51 @@ pub(crate) const SCHEMA: &[&str] = &[
         RETURN m;
     END
     $fl$",
+    // The restart gate (see `Advisory::gate`): per server start
+    // (`pg_postmaster_start_time()`), the longest TTL of the advisory holds
+    // granted under it, and what the table of earlier versions said when this
+    // start was first seen (their holds from before it).
+    r"CREATE TABLE IF NOT EXISTS fencelock_restart_gate (started timestamptz PRIMARY KEY, ttl_ms bigint NOT NULL, legacy_ms bigint NOT NULL DEFAULT 0)",
+    // How long the gate stays closed (ms; <= 0: open), the TTL recorded under
+    // this start, the longest TTL from before it, and this start (µs since
+    // the epoch). Notes this start on its first call; forgets earlier starts
+    // once their holds are over.
+    r"CREATE OR REPLACE FUNCTION fencelock_restart_gate_check(OUT closed_ms float8, OUT recorded_ms bigint, OUT longest_ms bigint, OUT started_us bigint)
+    LANGUAGE plpgsql AS $fl$
+    DECLARE
+        s timestamptz := pg_postmaster_start_time();
+    BEGIN
+        SELECT g.ttl_ms INTO recorded_ms FROM fencelock_restart_gate g WHERE g.started = s;
+        IF NOT FOUND THEN
+            INSERT INTO fencelock_restart_gate (started, ttl_ms, legacy_ms)
+                VALUES (s, 0, coalesce((SELECT t.ttl_ms FROM fencelock_session_ttl t WHERE t.id = 1), 0))
+                ON CONFLICT (started) DO NOTHING;
+            recorded_ms := 0;
+        END IF;
+        SELECT greatest(coalesce(max(g.ttl_ms) FILTER (WHERE g.started <> s), 0),
+                        coalesce(max(g.legacy_ms) FILTER (WHERE g.started = s), 0))
+            INTO longest_ms FROM fencelock_restart_gate g;
+        closed_ms := longest_ms - extract(epoch FROM clock_timestamp() - s) * 1000;
+        started_us := (extract(epoch FROM s) * 1000000)::bigint;
+        IF closed_ms <= 0 AND EXISTS (SELECT 1 FROM fencelock_restart_gate g WHERE g.started <> s) THEN
+            DELETE FROM fencelock_restart_gate g WHERE g.started <> s;
+        END IF;
+    END
+    $fl$",
+    // Raises this start's TTL, durably before it returns whatever the
+    // server's `synchronous_commit`; returns it.
+    r"CREATE OR REPLACE FUNCTION fencelock_restart_gate_raise(ms bigint) RETURNS bigint
+    LANGUAGE plpgsql AS $fl$
+    DECLARE
+        m bigint;
+    BEGIN
+        PERFORM set_config('synchronous_commit', 'on', true);
+        INSERT INTO fencelock_restart_gate AS g (started, ttl_ms) VALUES (pg_postmaster_start_time(), ms)
+            ON CONFLICT (started) DO UPDATE SET ttl_ms = greatest(g.ttl_ms, excluded.ttl_ms)
+            RETURNING g.ttl_ms INTO m;
+        RETURN m;
+    END
+    $fl$",
     // Each key's last token (see the module docs); also the keys `list` and
     // `inspect` look at. UNLOGGED: no WAL, emptied by a crash.
     r"CREATE UNLOGGED TABLE IF NOT EXISTS fencelock_advisory_fences (key text PRIMARY KEY, fence bigint NOT NULL)",
@@ -198,6 +243,18 @@ const HOLDERS: &str = "
 /// one-count check look at.
 const MAX_PERMIT_SEED: i32 = 1024;
 
+/// Why the restart gate is closed, and for how long.
+struct Closed {
+    opens_in: Duration,
+    longest_ttl: Duration,
+    restarted_ago: Duration,
+}
+
+/// `d` to a tenth of a second, for messages.
+fn round(d: Duration) -> Duration {
+    Duration::from_millis(d.as_millis() as u64 / 100 * 100)
+}
+
 /// The channel the server watch listens on (nothing is sent on it: the
 /// listening session only waits, idle, for the server to end it).
 const WATCH_CHANNEL: &str = "fencelock_server_watch";
@@ -207,9 +264,9 @@ pub(crate) struct Advisory {
     options: PgConnectOptions,
     addr: String,
     holds: SessionHolds<PgConnection>,
-    /// The longest session-mode TTL known to be recorded durably in
-    /// `fencelock_session_ttl` (ms).
-    recorded_ttl_ms: std::sync::atomic::AtomicI64,
+    /// The server start the gate last saw (µs since the epoch) and the
+    /// longest TTL known to be recorded durably under it (ms).
+    recorded: std::sync::Mutex<(i64, i64)>,
     /// The server watcher runs (started with the first hold).
     watching: std::sync::atomic::AtomicBool,
 }
@@ -220,7 +277,7 @@ impl Advisory {
             options: options.options([("client_connection_check_interval", "1000")]),
             addr,
             holds: SessionHolds::new("pg-advisory", max_idle),
-            recorded_ttl_ms: std::sync::atomic::AtomicI64::new(-1),
+            recorded: std::sync::Mutex::new((0, -1)),
             watching: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -247,77 +304,95 @@ impl Advisory {
     /// A session, and whether it was reused (a reused idle session may have
     /// been ended by the server meanwhile: a restart ends every session);
     /// `None` if a new session's [`Advisory::gate`] does not open by the end
-    /// of `wait`.
+    /// of `wait`. While the gate is closed it waits without a session (a
+    /// server's idle timeout cannot end it) and asks again when it should
+    /// open.
     async fn session(&self, wait: Option<Option<Instant>>) -> Result<Option<(PgConnection, bool)>> {
         if let Some((c, _)) = self.holds.take_idle() {
             return Ok(Some((c, true)));
         }
-        let mut c = PgConnection::connect_with(&self.options)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(self.gate(&mut c, wait).await?.then_some((c, false)))
+        let mut told = false;
+        loop {
+            let mut c = PgConnection::connect_with(&self.options)
+                .await
+                .map_err(|e| self.err(e))?;
+            let Some(closed) = self.gate(&mut c).await? else {
+                return Ok(Some((c, false)));
+            };
+            drop(c);
+            let deadline = match wait {
+                None => return Ok(None),
+                Some(d) => d,
+            };
+            if !std::mem::replace(&mut told, true) {
+                tracing::warn!(
+                    server = %self.addr,
+                    "the server restarted {} ago: advisory locks are granted only in {}, once the holds from before the restart (TTL up to {}) have lapsed; an operator who knows every such holder is dead may delete the fencelock_restart_gate rows of earlier starts",
+                    humantime::format_duration(round(closed.restarted_ago)),
+                    humantime::format_duration(round(closed.opens_in)),
+                    humantime::format_duration(round(closed.longest_ttl)),
+                );
+            }
+            let until = Instant::now() + closed.opens_in;
+            match deadline {
+                Some(d) if d <= until => {
+                    tokio::time::sleep_until(d).await;
+                    return Ok(None);
+                }
+                _ => tokio::time::sleep_until(until).await,
+            }
+        }
     }
 
     /// The restart gate, passed by every new session before it is used. A
     /// restart (or crash) of the server ends every session, and so frees every
     /// lock at once — but a holder that could not hear of it (cut off from
     /// the server) believes in its hold until its own deadline, at most its
-    /// TTL after its last renewal, which came before the restart. So no
-    /// session grants anything until the server has been up for the longest
-    /// TTL any session-mode hold ever had here (recorded durably before each
-    /// grant that raises it). A session that passed it is good for as long as
-    /// it lives: a restart ends it too. Returns false if the gate does not
-    /// open by the end of `wait` (then no lock was taken).
-    async fn gate(&self, conn: &mut PgConnection, wait: Option<Option<Instant>>) -> Result<bool> {
-        let (recorded, closed_ms): (i64, f64) = sqlx::query_as(
-            "SELECT coalesce((SELECT ttl_ms FROM fencelock_session_ttl WHERE id = 1), 0),
-                    coalesce((SELECT ttl_ms FROM fencelock_session_ttl WHERE id = 1), 0)
-                    - (extract(epoch FROM clock_timestamp() - pg_postmaster_start_time()) * 1000)::float8",
-        )
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(|e| self.err(e))?;
-        // What the table says now (an operator may have deleted the row):
-        // the next grant records its TTL again if that is less.
-        self.recorded_ttl_ms
-            .store(recorded, std::sync::atomic::Ordering::Relaxed);
+    /// TTL after its last renewal, which came before the restart. So after a
+    /// restart no session grants anything until the server has been up for
+    /// the longest TTL an advisory hold had under an earlier start (recorded
+    /// durably, per start, before each grant that raises it); holds granted
+    /// since the start never close it. A session that passed it is good for
+    /// as long as it lives: a restart ends it too. `None` if open.
+    async fn gate(&self, conn: &mut PgConnection) -> Result<Option<Closed>> {
+        let (closed_ms, recorded, longest, started): (f64, i64, i64, i64) =
+            sqlx::query_as("SELECT * FROM fencelock_restart_gate_check()")
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(|e| self.err(e))?;
+        // What the table says now (an operator may have deleted the row, the
+        // server restarted): the next grant records its TTL again if that is
+        // less.
+        *self.recorded.lock().unwrap_or_else(|p| p.into_inner()) = (started, recorded);
         if closed_ms <= 0.0 {
-            return Ok(true);
+            return Ok(None);
         }
-        let closed = Duration::from_secs_f64(closed_ms / 1000.0);
-        let fits = match wait {
-            None => false,
-            Some(None) => true,
-            Some(Some(deadline)) => Instant::now() + closed <= deadline,
-        };
-        if fits {
-            tracing::debug!(
-                ?closed,
-                "the server restarted recently: waiting out the holds from before it"
-            );
-            tokio::time::sleep(closed).await;
-        }
-        Ok(fits)
+        let longest_ttl = Duration::from_millis(longest.max(0) as u64);
+        let opens_in = Duration::from_secs_f64(closed_ms / 1000.0);
+        Ok(Some(Closed {
+            opens_in,
+            longest_ttl,
+            restarted_ago: longest_ttl.saturating_sub(opens_in),
+        }))
     }
 
-    /// Records `ttl` as a session-mode TTL (durably) before a grant of it,
-    /// unless a TTL as long is known to be recorded.
+    /// Records `ttl` as a session-mode TTL of this server start (durably)
+    /// before a grant of it, unless a TTL as long is known to be recorded.
     async fn record_ttl(&self, conn: &mut PgConnection, ttl: Duration) -> Result<()> {
         let ms = ttl.as_millis().min(i64::MAX as u128) as i64;
-        if self
-            .recorded_ttl_ms
-            .load(std::sync::atomic::Ordering::Relaxed)
-            >= ms
-        {
+        let (started, recorded) = *self.recorded.lock().unwrap_or_else(|p| p.into_inner());
+        if recorded >= ms {
             return Ok(());
         }
-        let now: i64 = sqlx::query_scalar("SELECT fencelock_session_ttl_raise($1)")
+        let now: i64 = sqlx::query_scalar("SELECT fencelock_restart_gate_raise($1)")
             .bind(ms)
             .fetch_one(&mut *conn)
             .await
             .map_err(|e| self.err(e))?;
-        self.recorded_ttl_ms
-            .fetch_max(now, std::sync::atomic::Ordering::Relaxed);
+        let mut r = self.recorded.lock().unwrap_or_else(|p| p.into_inner());
+        if r.0 == started {
+            r.1 = r.1.max(now);
+        }
         Ok(())
     }
 

@@ -79,9 +79,9 @@ impl Drop for InQueue {
                 std::mem::take(&mut self.wait),
                 gone_mark(self.ttl),
             );
-            h.spawn(async move {
+            h.spawn(fencelock_core::backend::tracked(async move {
                 let _ = lease::leave(&db, &key, &wait, mark).await;
-            });
+            }));
         }
     }
 }
