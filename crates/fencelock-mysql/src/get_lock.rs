@@ -80,17 +80,53 @@ const PERMIT_COUNTS: &str = r"CREATE TABLE IF NOT EXISTS fencelock_permits (
     PRIMARY KEY (lock_key, slot)
 ) ENGINE=MEMORY";
 
-/// The longest TTL a `get_lock` hold ever had in this database (see
+/// Why the restart gate is closed, and for how long.
+struct Closed {
+    opens_in: Duration,
+    longest_ttl: Duration,
+    restarted_ago: Duration,
+}
+
+/// `d` to a tenth of a second, for messages.
+fn round(d: Duration) -> Duration {
+    Duration::from_millis(d.as_millis() as u64 / 100 * 100)
+}
+
+/// The longest TTL a `get_lock` hold ever had in this database (earlier
+/// versions' restart gate, read once per server start for their holds: see
 /// `GetLock::gate`). InnoDB: it must survive a crash.
 const SESSION_TTL: &str = r"CREATE TABLE IF NOT EXISTS fencelock_session_ttl (
     id     INT    NOT NULL PRIMARY KEY,
     ttl_ms BIGINT NOT NULL
 ) ENGINE=InnoDB";
 
+/// The restart gate (see `GetLock::gate`): the server start, as the time it
+/// was first seen (µs). MEMORY: a restart empties it.
+const BOOT: &str = r"CREATE TABLE IF NOT EXISTS fencelock_boot (
+    id   INT    NOT NULL PRIMARY KEY,
+    boot BIGINT NOT NULL
+) ENGINE=MEMORY";
+
+/// Per server start, the longest TTL of the `get_lock` holds granted under it,
+/// and what the table of earlier versions said when this start was first seen
+/// (their holds from before it). InnoDB: it must survive a crash.
+const RESTART_GATE: &str = r"CREATE TABLE IF NOT EXISTS fencelock_restart_gate (
+    boot      BIGINT NOT NULL PRIMARY KEY,
+    ttl_ms    BIGINT NOT NULL,
+    legacy_ms BIGINT NOT NULL DEFAULT 0
+) ENGINE=InnoDB";
+
 /// Creates the tables; returns whether the server is MariaDB (which takes an
 /// exclusive try in one statement).
 pub(crate) async fn create_schema(db: &Db) -> Result<bool> {
-    for stmt in [HOLDERS, SEMAPHORES, PERMIT_COUNTS, SESSION_TTL] {
+    for stmt in [
+        HOLDERS,
+        SEMAPHORES,
+        PERMIT_COUNTS,
+        SESSION_TTL,
+        BOOT,
+        RESTART_GATE,
+    ] {
         sqlx::query(stmt)
             .execute(&db.pool)
             .await
@@ -126,8 +162,9 @@ pub(crate) struct GetLock {
     one_statement_try: bool,
     /// The server watcher runs (started with the first hold).
     watching: std::sync::atomic::AtomicBool,
-    /// The longest TTL known to be recorded in `fencelock_session_ttl` (ms).
-    recorded_ttl_ms: std::sync::atomic::AtomicI64,
+    /// The server start the gate last saw (`fencelock_boot`) and the longest
+    /// TTL known to be recorded under it (ms).
+    recorded: std::sync::Mutex<(i64, i64)>,
 }
 
 impl GetLock {
@@ -143,7 +180,7 @@ impl GetLock {
             holds: SessionHolds::new("mysql-get-lock", max_idle),
             one_statement_try,
             watching: std::sync::atomic::AtomicBool::new(false),
-            recorded_ttl_ms: std::sync::atomic::AtomicI64::new(-1),
+            recorded: std::sync::Mutex::new((0, -1)),
         }
     }
 
@@ -169,7 +206,9 @@ impl GetLock {
     /// A session with `wait_timeout` = `ttl`, and whether it was reused (a
     /// reused idle session may have been closed by the server meanwhile);
     /// `None` if a new session's [`GetLock::gate`] does not open by the end
-    /// of `wait`.
+    /// of `wait`. While the gate is closed it waits without a session (a
+    /// server's `wait_timeout` cannot end it) and asks again when it should
+    /// open.
     async fn session(
         &self,
         ttl: Duration,
@@ -179,22 +218,10 @@ impl GetLock {
         let (mut conn, reused) = match self.holds.take_idle() {
             Some((c, had)) if had == secs => return Ok(Some((c, true))),
             Some((c, _)) => (c, true),
-            None => {
-                let mut c = MySqlConnection::connect_with(&self.options)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                // The one-statement try's locking read of a missing marker row
-                // relies on the gap lock of REPEATABLE READ, whatever the
-                // server's default; tokens read the clock in UTC.
-                sqlx::query("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-                    .execute(&mut c)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                if !self.gate(&mut c, wait).await? {
-                    return Ok(None);
-                }
-                (c, false)
-            }
+            None => match self.new_session(wait).await? {
+                Some(c) => (c, false),
+                None => return Ok(None),
+            },
         };
         sqlx::query("SET SESSION wait_timeout = ?, time_zone = '+00:00'")
             .bind(secs)
@@ -204,81 +231,159 @@ impl GetLock {
         Ok(Some((conn, reused)))
     }
 
+    /// A new session that passed the gate; see [`GetLock::session`].
+    async fn new_session(&self, wait: Option<Option<Instant>>) -> Result<Option<MySqlConnection>> {
+        let mut told = false;
+        loop {
+            let mut c = MySqlConnection::connect_with(&self.options)
+                .await
+                .map_err(|e| self.err(e))?;
+            // The one-statement try's locking read of a missing marker row
+            // relies on the gap lock of REPEATABLE READ, whatever the
+            // server's default; tokens read the clock in UTC.
+            sqlx::query("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                .execute(&mut c)
+                .await
+                .map_err(|e| self.err(e))?;
+            let Some(closed) = self.gate(&mut c).await? else {
+                return Ok(Some(c));
+            };
+            drop(c);
+            let deadline = match wait {
+                None => return Ok(None),
+                Some(d) => d,
+            };
+            if !std::mem::replace(&mut told, true) {
+                tracing::warn!(
+                    server = %self.addr,
+                    "the server restarted {} ago: GET_LOCK locks are granted only in {}, once the holds from before the restart (TTL up to {}) have lapsed; an operator who knows every such holder is dead may delete the fencelock_restart_gate rows of earlier starts",
+                    humantime::format_duration(round(closed.restarted_ago)),
+                    humantime::format_duration(round(closed.opens_in)),
+                    humantime::format_duration(round(closed.longest_ttl)),
+                );
+            }
+            let until = Instant::now() + closed.opens_in;
+            match deadline {
+                Some(d) if d <= until => {
+                    tokio::time::sleep_until(d).await;
+                    return Ok(None);
+                }
+                _ => tokio::time::sleep_until(until).await,
+            }
+        }
+    }
+
     /// The restart gate, passed by every new session before it is used. A
     /// restart (or crash) of the server ends every session, and so frees every
     /// lock at once — but a holder that could not hear of it (cut off from
     /// the server) believes in its hold until its own deadline, at most its
-    /// TTL after its last renewal, which came before the restart. So no
-    /// session grants anything until the server has been up (`Uptime` less a
-    /// second: see below) for the longest TTL any hold ever had here
-    /// (recorded before each grant that raises it). A session that passed it
-    /// is good for as long as it lives: a restart ends it too. Returns false if
-    /// the gate does not open by the end of `wait` (then no lock was taken).
-    async fn gate(
-        &self,
-        conn: &mut MySqlConnection,
-        wait: Option<Option<Instant>>,
-    ) -> Result<bool> {
+    /// TTL after its last renewal, which came before the restart. So after a
+    /// restart no session grants anything until the server has been up
+    /// (`Uptime` less a second: see below) for the longest TTL a hold had
+    /// under an earlier start (recorded per start before each grant that
+    /// raises it; a start is known by the row of the MEMORY table
+    /// `fencelock_boot`, which a restart empties); holds granted since the
+    /// start never close it. A session that passed it is good for as long as
+    /// it lives: a restart ends it too. `None` if open.
+    async fn gate(&self, conn: &mut MySqlConnection) -> Result<Option<Closed>> {
+        // One statement while this start is known; the first session of a
+        // start notes it (and what earlier versions recorded) first.
+        let (boot, longest, recorded, others) = loop {
+            let row: Option<(i64, i64, i64, i64, i64)> = sqlx::query_as(
+                "SELECT b.boot,
+                        GREATEST(COALESCE(MAX(CASE WHEN g.boot <> b.boot THEN g.ttl_ms END), 0),
+                                 COALESCE(MAX(CASE WHEN g.boot = b.boot THEN g.legacy_ms END), 0)),
+                        COALESCE(MAX(CASE WHEN g.boot = b.boot THEN g.ttl_ms END), 0),
+                        COUNT(CASE WHEN g.boot <> b.boot THEN 1 END),
+                        COUNT(CASE WHEN g.boot = b.boot THEN 1 END)
+                 FROM fencelock_boot b LEFT JOIN fencelock_restart_gate g ON TRUE
+                 WHERE b.id = 1 GROUP BY b.boot",
+            )
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(|e| self.err(e))?;
+            let note = match row {
+                Some((boot, longest, recorded, others, 1..)) => {
+                    break (boot, longest, recorded, others);
+                }
+                Some(_) => {
+                    "INSERT IGNORE INTO fencelock_restart_gate (boot, ttl_ms, legacy_ms)
+                     SELECT b.boot, 0, COALESCE((SELECT t.ttl_ms FROM fencelock_session_ttl t WHERE t.id = 1), 0)
+                     FROM fencelock_boot b WHERE b.id = 1"
+                }
+                None => {
+                    "INSERT IGNORE INTO fencelock_boot (id, boot)
+                     VALUES (1, CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED))"
+                }
+            };
+            sqlx::query(note)
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| self.err(e))?;
+        };
+        // What the table says now (an operator may have deleted the row, the
+        // server restarted): the next grant records its TTL again if that is
+        // less.
+        *self.recorded.lock().unwrap_or_else(|p| p.into_inner()) = (boot, recorded);
+        if longest <= 0 && others == 0 {
+            return Ok(None);
+        }
         // `SHOW GLOBAL STATUS` works on MySQL 8, which has no
         // `information_schema.GLOBAL_STATUS`, and on MariaDB.
         let (_, up_s): (String, String) = sqlx::query_as("SHOW GLOBAL STATUS LIKE 'Uptime'")
             .fetch_one(&mut *conn)
             .await
             .map_err(|e| self.err(e))?;
-        let recorded: i64 = sqlx::query_scalar(
-            "SELECT COALESCE((SELECT ttl_ms FROM fencelock_session_ttl WHERE id = 1), 0)",
-        )
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(|e| self.err(e))?;
         // `Uptime` is the difference of two whole-second timestamps (the
         // statement's and the start's), so it reads up to a second more than
         // the time the server has really been up (1 at 0.4 s was seen).
         let up_ms = (up_s.trim().parse::<i64>().unwrap_or(0) - 1)
             .max(0)
             .saturating_mul(1000);
-        // What the table says now (an operator may have deleted the row):
-        // the next grant records its TTL again if that is less.
-        self.recorded_ttl_ms
-            .store(recorded, std::sync::atomic::Ordering::Relaxed);
-        let closed_ms = recorded - up_ms;
+        let closed_ms = longest - up_ms;
         if closed_ms <= 0 {
-            return Ok(true);
+            // The holds of earlier starts are over: forget them.
+            if others > 0 {
+                sqlx::query("DELETE FROM fencelock_restart_gate WHERE boot <> ?")
+                    .bind(boot)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(|e| self.err(e))?;
+            }
+            return Ok(None);
         }
-        let closed = Duration::from_millis(closed_ms as u64);
-        let fits = match wait {
-            None => false,
-            Some(None) => true,
-            Some(Some(deadline)) => Instant::now() + closed <= deadline,
-        };
-        if fits {
-            tokio::time::sleep(closed).await;
-        }
-        Ok(fits)
+        let longest_ttl = Duration::from_millis(longest as u64);
+        let opens_in = Duration::from_millis(closed_ms as u64);
+        Ok(Some(Closed {
+            opens_in,
+            longest_ttl,
+            restarted_ago: longest_ttl.saturating_sub(opens_in),
+        }))
     }
 
-    /// Records `ttl` (durably, with InnoDB's default
-    /// `innodb_flush_log_at_trx_commit=1`) before a grant of it, unless a TTL
-    /// as long is known to be recorded.
+    /// Records `ttl` as a TTL of this server start (durably, with InnoDB's
+    /// default `innodb_flush_log_at_trx_commit=1`) before a grant of it,
+    /// unless a TTL as long is known to be recorded.
     async fn record_ttl(&self, conn: &mut MySqlConnection, ttl: Duration) -> Result<()> {
         let ms = ttl.as_millis().min(i64::MAX as u128) as i64;
-        if self
-            .recorded_ttl_ms
-            .load(std::sync::atomic::Ordering::Relaxed)
-            >= ms
-        {
+        // A live session passed a gate of the current start: the last gate's.
+        let (boot, recorded) = *self.recorded.lock().unwrap_or_else(|p| p.into_inner());
+        if recorded >= ms {
             return Ok(());
         }
         sqlx::query(
-            "INSERT INTO fencelock_session_ttl (id, ttl_ms) VALUES (1, ?)
+            "INSERT INTO fencelock_restart_gate (boot, ttl_ms) VALUES (?, ?)
              ON DUPLICATE KEY UPDATE ttl_ms = GREATEST(ttl_ms, VALUES(ttl_ms))",
         )
+        .bind(boot)
         .bind(ms)
         .execute(&mut *conn)
         .await
         .map_err(|e| self.err(e))?;
-        self.recorded_ttl_ms
-            .fetch_max(ms, std::sync::atomic::Ordering::Relaxed);
+        let mut r = self.recorded.lock().unwrap_or_else(|p| p.into_inner());
+        if r.0 == boot {
+            r.1 = r.1.max(ms);
+        }
         Ok(())
     }
 

@@ -120,34 +120,111 @@ async fn nothing_is_granted_before_the_server_was_up_for_the_longest_ttl() {
 async fn a_deleted_record_is_written_again_before_the_next_grant() {
     use sqlx::Connection;
     let ttl = Duration::from_secs(2);
-    let mut db = PrivateMariaDb::start();
+    let db = PrivateMariaDb::start();
     let url = db.url("get_lock");
     let a = Locker::new(MySqlBackend::connect(&url).await.unwrap());
     let g = a.lock("k").ttl(ttl).acquire().await.unwrap();
-    g.release().await.unwrap();
-    tokio::task::block_in_place(|| db.restart());
     let plain = url.replace("?mode=get_lock", "");
     let mut c = sqlx::MySqlConnection::connect(&plain).await.unwrap();
-    sqlx::query("DELETE FROM fencelock_session_ttl")
+    sqlx::query("DELETE FROM fencelock_restart_gate")
         .execute(&mut c)
         .await
         .unwrap();
-    let g = a
-        .lock("k")
-        .ttl(ttl)
-        .wait(Duration::from_secs(30))
-        .acquire()
-        .await
-        .unwrap();
-    let recorded: Option<i64> =
-        sqlx::query_scalar("SELECT ttl_ms FROM fencelock_session_ttl WHERE id = 1")
-            .fetch_optional(&mut c)
-            .await
-            .unwrap();
+    // A new session (the first is held): it passes the gate again.
+    let g2 = a.lock("k2").ttl(ttl).acquire().await.unwrap();
+    let recorded: Option<i64> = sqlx::query_scalar(
+        "SELECT g.ttl_ms FROM fencelock_restart_gate g JOIN fencelock_boot b ON b.boot = g.boot",
+    )
+    .fetch_optional(&mut c)
+    .await
+    .unwrap();
     assert_eq!(
         recorded,
         Some(2000),
         "granted without the longest TTL recorded again"
     );
+    g.release().await.unwrap();
+    g2.release().await.unwrap();
+}
+
+/// Holds granted since the server started cannot be holds from before a
+/// restart: on a server up for seconds, a hold with a TTL of minutes leaves
+/// every other key to other clients at once, and a waiter on its key is
+/// granted when it is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_granted_since_the_start_do_not_close_the_gate() {
+    let db = PrivateMariaDb::start();
+    let url = db.url("get_lock");
+    let long = Duration::from_secs(600);
+    let a = Locker::new(MySqlBackend::connect(&url).await.unwrap());
+    let ga = a.lock("k").ttl(long).acquire().await.unwrap();
+    let b = Locker::new(MySqlBackend::connect(&url).await.unwrap());
+    let other = b
+        .lock("other")
+        .ttl(long)
+        .wait(Duration::from_secs(20))
+        .acquire()
+        .await
+        .expect("another key, on a new session, while a long hold granted since the start lives");
+    other.release().await.unwrap();
+    let waiter = tokio::spawn(async move {
+        b.lock("k")
+            .ttl(long)
+            .wait(Duration::from_secs(60))
+            .acquire()
+            .await
+            .map(|g| g.token())
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let first = ga.token();
+    ga.release().await.unwrap();
+    let got = waiter
+        .await
+        .unwrap()
+        .expect("the waiter, once the holder released");
+    assert!(got > first);
+}
+
+/// While the gate is closed a waiter waits as long as its wait allows, no
+/// longer, and is granted once the gate opens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_gate_is_waited_out_within_the_wait() {
+    use sqlx::Connection;
+    let db = PrivateMariaDb::start();
+    let url = db.url("get_lock");
+    let a = Locker::new(MySqlBackend::connect(&url).await.unwrap());
+    // Creates the schema and notes this start.
+    a.lock("setup")
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let plain = url.replace("?mode=get_lock", "");
+    let mut c = sqlx::MySqlConnection::connect(&plain).await.unwrap();
+    // An earlier start with holds of a TTL that ends 4 s from now.
+    let (_, up): (String, String) = sqlx::query_as("SHOW GLOBAL STATUS LIKE 'Uptime'")
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+    let ttl_ms = up.parse::<i64>().unwrap() * 1000 + 4000;
+    sqlx::query("INSERT INTO fencelock_restart_gate (boot, ttl_ms) VALUES (1, ?)")
+        .bind(ttl_ms)
+        .execute(&mut c)
+        .await
+        .unwrap();
+    let b = Locker::new(MySqlBackend::connect(&url).await.unwrap());
+    match b.lock("k").wait(Duration::from_secs(1)).acquire().await {
+        Err(fencelock_core::Error::Timeout { .. }) => {}
+        other => panic!("granted or failed otherwise while the gate was closed: {other:?}"),
+    }
+    let g = b
+        .lock("k")
+        .wait(Duration::from_secs(30))
+        .acquire()
+        .await
+        .expect("granted once the gate opened");
     g.release().await.unwrap();
 }
