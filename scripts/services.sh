@@ -213,10 +213,11 @@ start_postgres() {
     fi
     pg_sql -c "ALTER USER postgres PASSWORD 'postgres'"
     pg_sql -c "SELECT 1 FROM pg_database WHERE datname = 'test'" | grep -q 1 || pg_sql -c 'CREATE DATABASE test'
-    # Advisory mode grants nothing after a restart for the longest TTL it
-    # recorded (a holder cut off from the server could not hear of it). This
-    # script just (re)started the server, so no holder from before lives.
-    [ "$status" = "already running" ] || pg_sql -d test -c 'DROP TABLE IF EXISTS fencelock_session_ttl'
+    # Advisory mode grants nothing after a restart until the server has been
+    # up for the longest TTL of the holds granted before it (a holder cut off
+    # from the server could not hear of it). No holder from before a test run
+    # lives: forget them (the tables are made again on first use).
+    pg_sql -d test -c 'DROP TABLE IF EXISTS fencelock_restart_gate, fencelock_session_ttl'
     say postgresql 127.0.0.1:5432 "$status"
 }
 
@@ -240,9 +241,8 @@ GRANT ALL PRIVILEGES ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION;
 CREATE DATABASE IF NOT EXISTS test;
 SET GLOBAL max_connections = 500;
 SQL
-    # As for PostgreSQL: get_lock mode's restart gate, for a server this script
-    # just started.
-    [ "$status" = "already running" ] || mariadb -u root -e 'DROP TABLE IF EXISTS test.fencelock_session_ttl'
+    # As for PostgreSQL: get_lock mode's restart gate.
+    mariadb -u root -e 'DROP TABLE IF EXISTS test.fencelock_restart_gate, test.fencelock_session_ttl'
     say mariadb 127.0.0.1:3306 "$status"
 }
 

@@ -31,8 +31,12 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FENCELOCK_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                // Without FENCELOCK_LOG only fencelock's own warnings: a
+                // driver's (sqlx's slow statements, a pool's broken idle
+                // connection) are not the user's business.
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("fencelock=warn")),
         )
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
     let version = format!(

@@ -5,7 +5,8 @@
 //! group is stopped before the lease can run out: SIGTERM once the lease's
 //! renewal is late by more than the grace (`--kill-grace`, by default the
 //! lesser of 5 s and a third of the TTL), SIGKILL a margin (a tenth of the TTL,
-//! at most 1 s) before the lease's deadline. A lease found already lost
+//! at most 1 s) before the lease's deadline. The TTL is the one the backend
+//! granted ([`fencelock::Guard::ttl`]), which may be shorter than `--ttl`. A lease found already lost
 //! (fencelock was paused past it, or the lock was taken away) SIGKILLs the
 //! group at once. Signals fencelock receives (INT, TERM, HUP, QUIT) go to the
 //! group once.
@@ -69,6 +70,11 @@ fn margin(ttl: Duration) -> Duration {
     (ttl / 10).min(Duration::from_secs(1))
 }
 
+/// How long `run` waits, before it exits, for the work the lock left to the
+/// background: leaving a server-side line after a signal ended the wait, a
+/// release.
+const SETTLE: Duration = Duration::from_secs(3);
+
 pub async fn run(args: RunArgs) -> u8 {
     crate::process_tree::ignore_terminal_output_stops();
     let mut signals = match Signals::new() {
@@ -78,11 +84,27 @@ pub async fn run(args: RunArgs) -> u8 {
             return exit::FAILURE;
         }
     };
-    let timing = Timing::of(&args);
-    let guard = match acquire(&args, &mut signals).await {
+    let code = hold_and_run(&args, &mut signals).await;
+    // A waiter stopped by a signal leaves its place in the backend's line
+    // here, rather than stay in it, a ghost, until its TTL ends. Another
+    // signal ends the wait.
+    tokio::select! {
+        _ = fencelock::settle(SETTLE) => {}
+        _ = signals.recv() => {}
+    }
+    code
+}
+
+/// Acquires, runs CMD under the lock, releases; returns the exit status.
+async fn hold_and_run(args: &RunArgs, signals: &mut Signals) -> u8 {
+    let guard = match acquire(args, signals).await {
         Ok(g) => g,
         Err(code) => return code,
     };
+    // The TTL the backend granted, which may be shorter than `--ttl` (a
+    // ZooKeeper session or an etcd lease caps it): every time below is a
+    // share of the lease there is.
+    let timing = Timing::of(args, guard.ttl());
     // A grant that is no longer valid (the backend took long to answer) must
     // not start CMD.
     if guard.deadline() <= Instant::now() + timing.window + timing.margin {
@@ -100,7 +122,7 @@ pub async fn run(args: RunArgs) -> u8 {
         ("FENCELOCK_KEY", args.key.clone()),
     ];
     match Tree::spawn(&args.command, &env) {
-        Ok(tree) => supervise(&args, timing, guard, tree, &mut signals).await,
+        Ok(tree) => supervise(args, timing, guard, tree, signals).await,
         Err(e) => {
             eprintln!("fencelock: cannot run {:?}: {e}", args.command[0]);
             if let Err(e) = guard.release().await {
@@ -129,35 +151,75 @@ struct Timing {
 }
 
 impl Timing {
-    /// The timing `args` ask for; warns when the grace is more than a third
-    /// of the TTL (the window is cut to that).
-    fn of(args: &RunArgs) -> Timing {
+    /// The timing `args` ask for on a lease of `ttl` (the granted TTL); warns
+    /// when `--kill-grace` is more than a third of it (the window is cut to
+    /// that).
+    fn of(args: &RunArgs, ttl: Duration) -> Timing {
         let grace = args
             .kill_grace
-            .unwrap_or_else(|| (args.ttl / 3).min(Duration::from_secs(5)));
-        let window = grace.min(args.ttl / 3);
-        if grace > args.ttl / 3 {
+            .unwrap_or_else(|| (ttl / 3).min(Duration::from_secs(5)));
+        let window = grace.min(ttl / 3);
+        if grace > ttl / 3 {
+            let granted = if ttl < args.ttl {
+                format!(
+                    " (the TTL the backend granted for --ttl {})",
+                    humantime::format_duration(args.ttl)
+                )
+            } else {
+                String::new()
+            };
             eprintln!(
-                "fencelock: warning: --kill-grace {} is more than a third of --ttl {}: CMD gets at most {} between SIGTERM and SIGKILL, so that it has ended before the lease could run out",
+                "fencelock: warning: --kill-grace {} is more than a third of the lease's TTL {}{granted}: CMD gets at most {} between SIGTERM and SIGKILL, so that it has ended before the lease could run out",
                 humantime::format_duration(grace),
-                humantime::format_duration(args.ttl),
+                humantime::format_duration(ttl),
                 humantime::format_duration(window),
             );
         }
         Timing {
             grace,
             window,
-            margin: margin(args.ttl),
+            margin: margin(ttl),
         }
     }
 }
 
+/// What a connect may take even when `--wait` is shorter (`--wait 0s` tries
+/// once): the drivers' own connect timeout.
+const MIN_CONNECT: Duration = Duration::from_secs(5);
+
 /// Acquires the lock `args` name; `Err` is the exit status (an error, or
-/// 128 + a signal that came while waiting).
+/// 128 + a signal that came while connecting or waiting). `--wait` covers
+/// the connect too (which may take up to [`MIN_CONNECT`] however short it is).
 async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<fencelock::Guard, u8> {
-    let locker = fencelock::connect(&args.backend.url())
-        .await
-        .map_err(|e| exit::report(&e))?;
+    let started = Instant::now();
+    let deadline = match args.wait {
+        Wait::Forever => None,
+        Wait::For(d) => Some((started + d, d)),
+    };
+    let url = args.backend.url();
+    let connect = async {
+        match deadline {
+            None => fencelock::connect(&url).await,
+            Some((at, wait)) => {
+                tokio::time::timeout_at(at.max(started + MIN_CONNECT), fencelock::connect(&url))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(fencelock::Error::connection(
+                            "backend",
+                            &url,
+                            format!(
+                                "no connection within --wait {}",
+                                humantime::format_duration(wait)
+                            ),
+                        ))
+                    })
+            }
+        }
+    };
+    let locker = tokio::select! {
+        r = connect => r.map_err(|e| exit::report(&e))?,
+        sig = signals.recv() => return Err(128 + sig as u8),
+    };
     let builder = if args.shared {
         locker.read_lock(&args.key)
     } else if let Some(n) = args.permits {
@@ -166,9 +228,9 @@ async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<fencelock::Gua
         locker.lock(&args.key)
     }
     .ttl(args.ttl);
-    let builder = match args.wait {
-        Wait::Forever => builder.wait_forever(),
-        Wait::For(d) => builder.wait(d),
+    let builder = match deadline {
+        None => builder.wait_forever(),
+        Some((at, _)) => builder.wait(at.saturating_duration_since(Instant::now())),
     };
     tokio::select! {
         r = builder.acquire() => r.map_err(|e| exit::report(&e)),

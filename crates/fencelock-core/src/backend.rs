@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
 pub use crate::admission::{Admission, admit};
+pub use crate::background::{Ticket, tracked};
 pub use crate::backoff::Backoff;
 pub use crate::capabilities::Capabilities;
 pub use crate::driver::{Connecting, Driver, MEMORY_DRIVER};

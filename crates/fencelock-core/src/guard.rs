@@ -8,6 +8,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::backend::LeaseRef;
+use crate::background::Ticket;
 use crate::error::{Error, Result};
 use crate::key::{Key, Owner};
 use crate::line::{LineHold, hand_off_from};
@@ -494,7 +495,7 @@ impl Drop for Guard {
         let _ = self
             .shared
             .drops
-            .send(DropRelease(LeaseRef::clone(&self.lease_ref)));
+            .send(DropRelease(LeaseRef::clone(&self.lease_ref), Ticket::new()));
     }
 }
 

@@ -35,6 +35,7 @@
 
 mod admission;
 pub mod backend;
+mod background;
 mod backoff;
 mod capabilities;
 pub mod clock;
@@ -62,6 +63,7 @@ mod wait;
 mod watchdog;
 
 pub use backend::{Backend, HolderInfo, LockInfo};
+pub use background::settle;
 pub use capabilities::Capabilities;
 pub use error::{Cause, Error, Result};
 pub use guard::{Guard, Lease, LostReason};

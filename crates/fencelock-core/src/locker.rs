@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::backend::{Backend, Grant, LeaseRef, LockInfo, Renewal, Request};
+use crate::background::Ticket;
 use crate::capabilities::Capabilities;
 use crate::error::{Error, Result};
 use crate::guard::{Guard, Lease, LeaseCell, LeaseState, LostReason, validity_deadline};
@@ -711,7 +712,11 @@ struct ReleaseOnDrop<'a> {
 impl Drop for ReleaseOnDrop<'_> {
     fn drop(&mut self) {
         if let Some(lease) = self.lease.take() {
-            let _ = self.locker.shared.drops.send(DropRelease(lease));
+            let _ = self
+                .locker
+                .shared
+                .drops
+                .send(DropRelease(lease, Ticket::new()));
         }
     }
 }

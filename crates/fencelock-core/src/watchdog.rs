@@ -16,6 +16,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::backend::{Backend, LeaseRef, Renewal};
+use crate::background::Ticket;
 use crate::guard::{
     LeaseState, LostReason, StateCell, expire_if_due, mark_lost, validity_deadline,
 };
@@ -25,7 +26,7 @@ use crate::sync::{Mutex, MutexGuard, lock, sleep_until, spawn, timeout_at};
 const IDLE_TICK: Duration = Duration::from_secs(1);
 
 /// A release queued by a dropped guard.
-pub(crate) struct DropRelease(pub(crate) LeaseRef);
+pub(crate) struct DropRelease(pub(crate) LeaseRef, pub(crate) Ticket);
 
 /// One hold to keep alive.
 pub(crate) struct Registration {
@@ -124,9 +125,10 @@ pub(crate) async fn run(
             r = releases.recv() => match r {
                 // Every sender (the locker and its guards) is gone.
                 None => break,
-                Some(DropRelease(lease)) => {
+                Some(DropRelease(lease, ticket)) => {
                     let backend = backend.clone();
                     spawn(async move {
+                        let _ticket = ticket;
                         match backend.release(&lease).await {
                             Ok(_) => tracing::debug!(key = %lease.key, "dropped guard released"),
                             Err(e) => tracing::debug!(key = %lease.key, error = %e, "best-effort release of a dropped guard failed; the hold expires after its TTL"),

@@ -38,7 +38,9 @@ impl Drop for PendingNode {
                 Instant::now() + CANCELLED_WINDOW,
             ));
             if let Ok(h) = tokio::runtime::Handle::try_current() {
-                h.spawn(async move { inner.delete_node(&key).await });
+                h.spawn(fencelock_core::backend::tracked(async move {
+                    inner.delete_node(&key).await
+                }));
             } else {
                 lock(&inner.orphans).push(key);
             }

@@ -336,11 +336,11 @@ impl Drop for Inner {
         {
             let mut c = self.client.clone();
             let wait = self.options.request_timeout;
-            h.spawn(async move {
+            h.spawn(fencelock_core::backend::tracked(async move {
                 for id in leases {
                     let _ = tokio::time::timeout(wait, c.lease_revoke(id)).await;
                 }
-            });
+            }));
         }
     }
 }

@@ -44,14 +44,20 @@
 //!   a holder cut off from the server cannot hear of it. So after a restart
 //!   no session grants anything until the server has been up (`Uptime`, a
 //!   count of wall-clock seconds that can read one too many, so less one) for
-//!   the longest TTL any `get_lock` hold ever had in the database (recorded
-//!   in the InnoDB table `fencelock_session_ttl` before the first grant of
-//!   each longer TTL; durable with `innodb_flush_log_at_trx_commit=1`, and
-//!   `sync_binlog=1` if the binary log is on): every
-//!   hold from before the restart has lost its validity by then, as long as
-//!   the server's clock does not step forward meanwhile. An operator
-//!   who knows every holder from before a restart is dead may delete that
-//!   row. The record is per database while `GET_LOCK` names are per server:
+//!   the longest TTL a `get_lock` hold had in the database under an earlier
+//!   server start (recorded per start in the InnoDB table
+//!   `fencelock_restart_gate` before the first grant of each longer TTL;
+//!   durable with `innodb_flush_log_at_trx_commit=1`, and `sync_binlog=1` if
+//!   the binary log is on; a start is known by the row of the MEMORY table
+//!   `fencelock_boot`, which a restart empties): every hold from before the
+//!   restart has lost its validity by then, as long as the server's clock
+//!   does not step forward meanwhile. Holds granted since the start never
+//!   close the gate. A waiter at a closed gate waits, without a session, as
+//!   long as its wait allows, and logs a warning once that says when the
+//!   gate opens. An operator who knows every holder from before a restart is
+//!   dead may delete the rows of earlier starts. (The single-row table
+//!   `fencelock_session_ttl` of earlier versions is read once per start for
+//!   their holds.) The record is per database while `GET_LOCK` names are per server:
 //!   every fencelock client of one server must use one database in get_lock
 //!   mode, or the gate of one can open before a hold of another has lapsed.
 //!   Known limit: when the server ends one session while it keeps

@@ -54,11 +54,18 @@
 //! - **advisory** after a restart or crash: it ends every session, and with
 //!   them every lock, at once, and a holder cut off from the server cannot
 //!   hear of it. So no session grants anything until the server has been up
-//!   (`pg_postmaster_start_time()`) for the longest TTL any advisory hold
-//!   ever had in the database (recorded durably in `fencelock_session_ttl`
-//!   before the first grant of each longer TTL): every hold from before the
-//!   restart has lost its validity by then. An operator who knows every
-//!   holder from before a restart is dead may delete that row. Known limit:
+//!   (`pg_postmaster_start_time()`) for the longest TTL an advisory hold had
+//!   in the database under an earlier start (recorded durably, per start, in
+//!   `fencelock_restart_gate` before the first grant of each longer TTL):
+//!   every hold from before the restart has lost its validity by then. Holds
+//!   granted since the start never close the gate. A waiter at a closed gate
+//!   waits, without a session, as long as its wait allows, and logs a warning
+//!   once that says when the gate opens. An operator who knows every holder
+//!   from before a restart is dead may delete the rows of earlier starts.
+//!   (The single-row table `fencelock_session_ttl` of earlier versions is
+//!   read once per start for their holds.) Known limit: a crash that the
+//!   server survives by reinitializing in place keeps
+//!   `pg_postmaster_start_time()`, so the gate does not close for it. Known limit:
 //!   when the server ends one session while it keeps running
 //!   (`pg_terminate_backend`, a connection the network reset), that lock is
 //!   free at once, and its holder learns it at its next renewal (within

@@ -223,9 +223,9 @@ impl Drop for InQueue {
                 std::mem::take(&mut self.owner),
                 self.wait.take(),
             );
-            h.spawn(async move {
+            h.spawn(fencelock_core::backend::tracked(async move {
                 let _ = b.node().leave_queue(&key, &owner, wait.as_ref()).await;
-            });
+            }));
         }
     }
 }
@@ -267,12 +267,12 @@ impl Drop for Pending {
                 std::mem::take(&mut self.owner),
                 self.op.clone(),
             );
-            h.spawn(async move {
+            h.spawn(fencelock_core::backend::tracked(async move {
                 match b.node().undo(&key, &owner, &op).await {
                     Ok(_) => tracing::debug!(key = %key, "a cancelled acquire was undone"),
                     Err(e) => tracing::debug!(key = %key, error = %e, "undoing a cancelled acquire failed; a hold it made expires after its TTL"),
                 }
-            });
+            }));
         }
     }
 }

@@ -44,11 +44,11 @@ impl Drop for PendingNode {
                 std::mem::take(&mut self.protected),
             );
             if let Ok(h) = tokio::runtime::Handle::try_current() {
-                h.spawn(async move {
+                h.spawn(fencelock_core::backend::tracked(async move {
                     inner
                         .delete_protected(&session, &lock_path, &protected)
                         .await
-                });
+                }));
             } else {
                 lock(&inner.orphans).push((format!("{lock_path}/{protected}*"), session));
             }

@@ -345,10 +345,10 @@ impl Drop for Pending {
                 std::mem::take(&mut self.owner),
                 self.op.clone(),
             );
-            h.spawn(async move {
+            h.spawn(fencelock_core::backend::tracked(async move {
                 let all: Vec<usize> = (0..b.inner.instances.len()).collect();
                 b.undo(&key, &owner, &op, &all, b.timeout_for(None)).await;
-            });
+            }));
         }
     }
 }

@@ -1,0 +1,331 @@
+//! The user's path: `fencelock run` as a new user runs it, on every backend
+//! configuration `scripts/test.sh` starts — the default TTL, a job that outlives
+//! several renewals, a long TTL, the shared and semaphore modes, a waiter
+//! stopped with Ctrl-C, `status` and `list`. Configurations run in parallel;
+//! a test fails naming every configuration that broke.
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use fencelock_testkit::{Signal, send_signal};
+
+const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
+
+/// One backend configuration of `scripts/services.sh`.
+struct Config {
+    name: &'static str,
+    url: String,
+    shared: bool,
+    permits: bool,
+}
+
+fn configs(dir: &Path) -> Vec<Config> {
+    let c = |name, url: &str, shared, permits| Config {
+        name,
+        url: url.to_string(),
+        shared,
+        permits,
+    };
+    let sqlite = format!("sqlite://{}", dir.join("locks.db").display());
+    vec![
+        c("sqlite", &sqlite, true, true),
+        c("redis", "redis://127.0.0.1:6379", true, true),
+        c(
+            "redis cluster",
+            "redis+cluster://127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103",
+            true,
+            true,
+        ),
+        c(
+            "redlock",
+            "redlock://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003",
+            true,
+            false,
+        ),
+        c("zookeeper", "zk://127.0.0.1:2181", true, true),
+        c(
+            "zookeeper ensemble",
+            "zk://127.0.0.1:2281,127.0.0.1:2282,127.0.0.1:2283",
+            true,
+            true,
+        ),
+        c("etcd", "etcd://127.0.0.1:2379", true, true),
+        c(
+            "etcd cluster",
+            "etcd://127.0.0.1:2479,127.0.0.1:2579,127.0.0.1:2679",
+            true,
+            true,
+        ),
+        c(
+            "postgres lease",
+            "postgres://postgres:postgres@127.0.0.1:5432/test",
+            true,
+            true,
+        ),
+        c(
+            "postgres advisory",
+            "postgres://postgres:postgres@127.0.0.1:5432/test?mode=advisory",
+            true,
+            true,
+        ),
+        c(
+            "mysql lease",
+            "mysql://root@127.0.0.1:3306/test",
+            true,
+            true,
+        ),
+        c(
+            "mysql get_lock",
+            "mysql://root@127.0.0.1:3306/test?mode=get_lock",
+            false,
+            true,
+        ),
+        c("memcached", "memcached://127.0.0.1:11211", false, false),
+    ]
+}
+
+/// A key of its own for each test, configuration and run.
+fn key(test: &str, config: &Config) -> String {
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    format!(
+        "user-path-{test}-{}-{}-{nonce}",
+        config.name.replace(' ', "-"),
+        std::process::id()
+    )
+}
+
+/// Runs `check` for every configuration at once; fails naming each one whose
+/// check failed, with its reason.
+fn each(check: impl Fn(&Config, &Path) -> Result<(), String> + Sync) {
+    let dir = tempfile::tempdir().unwrap();
+    let configs = configs(dir.path());
+    let failures: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = configs
+            .iter()
+            .map(|c| {
+                let work = dir.path().join(c.name.replace(' ', "-"));
+                std::fs::create_dir_all(&work).unwrap();
+                let check = &check;
+                s.spawn(move || check(c, &work))
+            })
+            .collect();
+        configs
+            .iter()
+            .zip(handles)
+            .filter_map(|(c, h)| match h.join() {
+                Ok(Ok(())) => None,
+                Ok(Err(why)) => Some(format!("{}: {why}", c.name)),
+                Err(_) => Some(format!("{}: the check panicked", c.name)),
+            })
+            .collect()
+    });
+    assert!(
+        failures.is_empty(),
+        "{} of {} configurations failed:\n{}",
+        failures.len(),
+        configs.len(),
+        failures.join("\n")
+    );
+}
+
+fn fencelock(config: &Config, args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.args(args)
+        .env("FENCELOCK_BACKEND", &config.url)
+        .env_remove("FENCELOCK_LOG")
+        .stdin(Stdio::null());
+    c
+}
+
+fn output(config: &Config, args: &[&str]) -> Result<Output, String> {
+    fencelock(config, args)
+        .output()
+        .map_err(|e| format!("cannot start fencelock: {e}"))
+}
+
+fn spawn(config: &Config, args: &[&str]) -> Result<Child, String> {
+    fencelock(config, args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start fencelock: {e}"))
+}
+
+/// Waits for `child` to exit within `limit` (else kills it); its status and stderr.
+fn finish(mut child: Child, limit: Duration) -> Result<(i32, String), String> {
+    let start = Instant::now();
+    while child.try_wait().map_err(|e| e.to_string())?.is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().map_err(|e| e.to_string())?;
+            return Err(format!(
+                "still running after {limit:?}; stderr: {:?}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    Ok((
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
+/// Waits until `path` exists.
+fn wait_for(path: &Path, limit: Duration) -> Result<(), String> {
+    let start = Instant::now();
+    while !path.exists() {
+        if start.elapsed() > limit {
+            return Err(format!(
+                "{} did not appear within {limit:?}",
+                path.display()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// A holder's command: writes `started`, then runs until `stop` exists.
+fn hold_until(started: &Path, stop: &Path) -> String {
+    format!(
+        "echo $FENCELOCK_TOKEN > {}; while [ ! -e {} ]; do sleep 0.1; done",
+        started.display(),
+        stop.display()
+    )
+}
+
+fn expect(code: i32, stderr: &str, what: &str) -> Result<(), String> {
+    if code != 0 || !stderr.is_empty() {
+        return Err(format!("{what}: exit {code}, stderr {stderr:?}"));
+    }
+    Ok(())
+}
+
+/// The default TTL, nothing but `--key`: a job of 32 s (three renewal periods
+/// of the default TTL, more of a shorter effective one) runs to its end, and
+/// fencelock prints nothing.
+#[test]
+fn a_job_longer_than_the_renewal_period_runs_to_its_end_with_the_default_ttl() {
+    each(|c, work| {
+        let done = work.join("done");
+        let job = format!("sleep 32; echo done > {}", done.display());
+        let k = key("default", c);
+        let child = spawn(c, &["run", "--key", &k, "--", "sh", "-c", &job])?;
+        let (code, stderr) = finish(child, Duration::from_secs(120))?;
+        expect(code, &stderr, "run")?;
+        if !done.exists() {
+            return Err("the job did not complete".into());
+        }
+        Ok(())
+    });
+}
+
+/// A holder with a TTL of minutes, in each mode the backend has: `status` and
+/// `list` show it, a second shared or permit holder joins it, and once it ends
+/// the key is free at once.
+#[test]
+fn long_ttl_holds_in_every_mode_show_in_status_and_free_the_key_when_done() {
+    each(|c, work| {
+        let mut modes: Vec<(&str, Vec<&str>)> = vec![("exclusive", vec![])];
+        if c.shared {
+            modes.push(("shared", vec!["--shared"]));
+        }
+        if c.permits {
+            modes.push(("semaphore", vec!["--permits", "2"]));
+        }
+        for (mode, flags) in modes {
+            let k = key(mode, c);
+            let started = work.join(format!("{mode}-started"));
+            let stop = work.join(format!("{mode}-stop"));
+            let mut args = vec!["run", "--ttl", "10m", "--key", &k];
+            args.extend(&flags);
+            let script = hold_until(&started, &stop);
+            let mut holder_args = args.clone();
+            holder_args.extend(["--", "sh", "-c", &script]);
+            let holder = spawn(c, &holder_args)?;
+            wait_for(&started, Duration::from_secs(30))?;
+
+            let status = output(c, &["status", &k])?;
+            let text = String::from_utf8_lossy(&status.stdout);
+            if status.status.code() != Some(0) || !text.contains("held") || !text.contains(mode) {
+                return Err(format!(
+                    "{mode}: status shows {text:?}, stderr {:?}",
+                    String::from_utf8_lossy(&status.stderr)
+                ));
+            }
+            let list = output(c, &["list", "--prefix", &k])?;
+            let text = String::from_utf8_lossy(&list.stdout);
+            if list.status.code() != Some(0) || !text.contains(&k) {
+                return Err(format!("{mode}: list shows {text:?}"));
+            }
+            if mode != "exclusive" {
+                let mut second = args.clone();
+                second.extend(["--wait", "0s", "--", "true"]);
+                let o = output(c, &second)?;
+                expect(
+                    o.status.code().unwrap_or(-1),
+                    &String::from_utf8_lossy(&o.stderr),
+                    &format!("{mode}: a second holder"),
+                )?;
+            }
+            std::fs::write(&stop, "").map_err(|e| e.to_string())?;
+            let (code, stderr) = finish(holder, Duration::from_secs(60))?;
+            expect(code, &stderr, &format!("{mode}: the holder"))?;
+            let o = output(c, &["run", "--key", &k, "--wait", "0s", "--", "true"])?;
+            expect(
+                o.status.code().unwrap_or(-1),
+                &String::from_utf8_lossy(&o.stderr),
+                &format!("{mode}: the next acquire once the holder ended"),
+            )?;
+        }
+        Ok(())
+    });
+}
+
+/// A waiter stopped with Ctrl-C (and one stopped with SIGTERM, as a service
+/// stop sends) leaves nothing behind: once the holder ends, the next acquire
+/// gets the key at once, although the waiters asked for a TTL of minutes.
+#[test]
+fn a_waiter_stopped_by_a_signal_leaves_nothing_behind() {
+    each(|c, work| {
+        for (name, sig, code) in [("int", Signal::SIGINT, 130), ("term", Signal::SIGTERM, 143)] {
+            let k = key(name, c);
+            let started = work.join(format!("{name}-started"));
+            let stop = work.join(format!("{name}-stop"));
+            let script = hold_until(&started, &stop);
+            let holder = spawn(
+                c,
+                &[
+                    "run", "--ttl", "10m", "--key", &k, "--", "sh", "-c", &script,
+                ],
+            )?;
+            wait_for(&started, Duration::from_secs(30))?;
+            let waiter = spawn(c, &["run", "--ttl", "10m", "--key", &k, "--", "true"])?;
+            // Time to stand in whatever line the backend keeps.
+            std::thread::sleep(Duration::from_secs(3));
+            send_signal(waiter.id(), sig).map_err(|e| e.to_string())?;
+            let (got, stderr) = finish(waiter, Duration::from_secs(30))?;
+            if got != code {
+                return Err(format!(
+                    "SIG{name}: the waiter exited {got}, not {code}; stderr {stderr:?}"
+                ));
+            }
+            std::fs::write(&stop, "").map_err(|e| e.to_string())?;
+            let (got, stderr) = finish(holder, Duration::from_secs(60))?;
+            expect(got, &stderr, "the holder")?;
+            let o = output(c, &["run", "--key", &k, "--wait", "3s", "--", "true"])?;
+            expect(
+                o.status.code().unwrap_or(-1),
+                &String::from_utf8_lossy(&o.stderr),
+                &format!("SIG{name}: the next acquire after the waiter left and the holder ended"),
+            )?;
+        }
+        Ok(())
+    });
+}
