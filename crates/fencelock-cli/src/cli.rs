@@ -255,8 +255,9 @@ pub struct StatusArgs {
     /// With --watch: only keys that start with this.
     #[arg(long, default_value = "", value_name = "P", requires = "watch")]
     pub prefix: String,
-    /// With --watch: one JSON object per refresh, a line each, instead of the table.
-    #[arg(long, requires = "watch")]
+    /// One JSON object (with --watch: one per refresh, a line each) instead of
+    /// the table.
+    #[arg(long)]
     pub json: bool,
     /// With --watch: how often to refresh.
     #[arg(long, default_value = "1s", value_parser = parse_interval, value_name = "D", requires = "watch")]

@@ -72,6 +72,16 @@ pub async fn status(args: StatusArgs) -> u8 {
     let Some(key) = args.key.as_deref() else {
         return exit::USAGE;
     };
+    if args.json {
+        return match locker.inspect(key).await {
+            Ok(info) => {
+                let infos: Vec<LockInfo> = info.into_iter().collect();
+                out!("{}", crate::watch::json(&infos));
+                0
+            }
+            Err(e) => unsupported_or(&e, name),
+        };
+    }
     match locker.inspect(key).await {
         Ok(None) => {
             out!("{key}: free (never locked)");

@@ -80,7 +80,7 @@ fn unix_ms() -> u128 {
 
 /// `{"at_ms": …, "locks": [{"key", "last_token", "holders": [{"owner",
 /// "mode", "holds", "token", "expires_in_ms"}]}]}`.
-fn json(infos: &[LockInfo]) -> serde_json::Value {
+pub(crate) fn json(infos: &[LockInfo]) -> serde_json::Value {
     let locks: Vec<serde_json::Value> = infos
         .iter()
         .map(|i| {

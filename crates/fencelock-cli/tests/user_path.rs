@@ -226,62 +226,82 @@ fn a_job_longer_than_the_renewal_period_runs_to_its_end_with_the_default_ttl() {
     });
 }
 
-/// A holder with a TTL of minutes, in each mode the backend has: `status` and
-/// `list` show it, a second shared or permit holder joins it, and once it ends
+/// Holders with a TTL of minutes, in each mode the backend has (two at once
+/// where the mode shares): `status --json`, `status` and `list` (twice in a
+/// row) show each holder with its owner, mode and token, and once they end
 /// the key is free at once.
 #[test]
 fn long_ttl_holds_in_every_mode_show_in_status_and_free_the_key_when_done() {
     each(|c, work| {
-        let mut modes: Vec<(&str, Vec<&str>)> = vec![("exclusive", vec![])];
+        let mut modes: Vec<(&str, Vec<&str>, &str)> = vec![("exclusive", vec![], "exclusive")];
         if c.shared {
-            modes.push(("shared", vec!["--shared"]));
+            modes.push(("shared", vec!["--shared"], "shared"));
         }
         if c.permits {
-            modes.push(("semaphore", vec!["--permits", "2"]));
+            modes.push(("semaphore", vec!["--permits", "3"], "semaphore:3"));
         }
-        for (mode, flags) in modes {
+        for (mode, flags, shown) in modes {
             let k = key(mode, c);
-            let started = work.join(format!("{mode}-started"));
             let stop = work.join(format!("{mode}-stop"));
-            let mut args = vec!["run", "--ttl", "10m", "--key", &k];
-            args.extend(&flags);
-            let script = hold_until(&started, &stop);
-            let mut holder_args = args.clone();
-            holder_args.extend(["--", "sh", "-c", &script]);
-            let holder = spawn(c, &holder_args)?;
-            wait_for(&started, Duration::from_secs(30))?;
-
+            let count = if mode == "exclusive" { 1 } else { 2 };
+            let mut holders = Vec::new();
+            for n in 0..count {
+                let started = work.join(format!("{mode}-started-{n}"));
+                let script = hold_until(&started, &stop);
+                let mut args = vec!["run", "--ttl", "10m", "--wait", "30s", "--key", &k];
+                args.extend(&flags);
+                args.extend(["--", "sh", "-c", &script]);
+                holders.push(spawn(c, &args)?);
+                wait_for(&started, Duration::from_secs(30))?;
+            }
+            let o = output(c, &["status", "--json", &k])?;
+            let text = String::from_utf8_lossy(&o.stdout);
+            let v: serde_json::Value = serde_json::from_str(text.trim()).map_err(|e| {
+                format!(
+                    "{mode}: status --json printed {text:?} ({e}); stderr {:?}",
+                    String::from_utf8_lossy(&o.stderr)
+                )
+            })?;
+            let shown_holders = v["locks"][0]["holders"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            if v["locks"][0]["key"] != k.as_str() || shown_holders.len() != count {
+                return Err(format!("{mode}: {count} holders, status --json shows {v}"));
+            }
+            for h in &shown_holders {
+                let owner = h["owner"].as_str().unwrap_or("");
+                if h["mode"] != shown
+                    || !owner.contains(':')
+                    || (c.name != "memcached" && h["token"].is_null())
+                {
+                    return Err(format!(
+                        "{mode}: status --json shows the holder {h} (mode {shown}, an owner id and a token expected)"
+                    ));
+                }
+            }
             let status = output(c, &["status", &k])?;
             let text = String::from_utf8_lossy(&status.stdout);
-            if status.status.code() != Some(0) || !text.contains("held") || !text.contains(mode) {
-                return Err(format!(
-                    "{mode}: status shows {text:?}, stderr {:?}",
-                    String::from_utf8_lossy(&status.stderr)
-                ));
+            if status.status.code() != Some(0) || !text.contains("held") || !text.contains(shown) {
+                return Err(format!("{mode}: status shows {text:?}"));
             }
-            let list = output(c, &["list", "--prefix", &k])?;
-            let text = String::from_utf8_lossy(&list.stdout);
-            if list.status.code() != Some(0) || !text.contains(&k) {
-                return Err(format!("{mode}: list shows {text:?}"));
-            }
-            if mode != "exclusive" {
-                let mut second = args.clone();
-                second.extend(["--wait", "0s", "--", "true"]);
-                let o = output(c, &second)?;
-                expect(
-                    o.status.code().unwrap_or(-1),
-                    &String::from_utf8_lossy(&o.stderr),
-                    &format!("{mode}: a second holder"),
-                )?;
+            for round in 0..2 {
+                let list = output(c, &["list", "--prefix", &k])?;
+                let text = String::from_utf8_lossy(&list.stdout);
+                if list.status.code() != Some(0) || !text.contains(&k) {
+                    return Err(format!("{mode}: list (call {}) shows {text:?}", round + 1));
+                }
             }
             std::fs::write(&stop, "").map_err(|e| e.to_string())?;
-            let (code, stderr) = finish(holder, Duration::from_secs(60))?;
-            expect(code, &stderr, &format!("{mode}: the holder"))?;
+            for h in holders {
+                let (code, stderr) = finish(h, Duration::from_secs(60))?;
+                expect(code, &stderr, &format!("{mode}: a holder"))?;
+            }
             let o = output(c, &["run", "--key", &k, "--wait", "0s", "--", "true"])?;
             expect(
                 o.status.code().unwrap_or(-1),
                 &String::from_utf8_lossy(&o.stderr),
-                &format!("{mode}: the next acquire once the holder ended"),
+                &format!("{mode}: the next acquire once the holders ended"),
             )?;
         }
         Ok(())

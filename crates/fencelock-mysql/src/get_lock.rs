@@ -80,6 +80,23 @@ const PERMIT_COUNTS: &str = r"CREATE TABLE IF NOT EXISTS fencelock_permits (
     PRIMARY KEY (lock_key, slot)
 ) ENGINE=MEMORY";
 
+/// Each permit's holder and token as recorded at its grant, by the session
+/// that holds the permit's lock (`conn_id`), for inspection (the key's row of
+/// `fencelock_getlock` names only the last grant). MEMORY: a restart forgets
+/// it with the locks.
+const PERMIT_HOLDERS: &str = r"CREATE TABLE IF NOT EXISTS fencelock_permit_holders (
+    lock_key VARBINARY(256) NOT NULL,
+    slot     INT            NOT NULL,
+    conn_id  BIGINT         NOT NULL,
+    holder   VARBINARY(256) NOT NULL,
+    fence    BIGINT         NOT NULL,
+    PRIMARY KEY (lock_key, slot)
+) ENGINE=MEMORY";
+
+/// A row of `fencelock_permit_holders` with its permit count: slot, session,
+/// holder, token, count.
+type PermitRecord = (i32, i64, Vec<u8>, i64, Option<i32>);
+
 /// Why the restart gate is closed, and for how long.
 struct Closed {
     opens_in: Duration,
@@ -123,6 +140,7 @@ pub(crate) async fn create_schema(db: &Db) -> Result<bool> {
         HOLDERS,
         SEMAPHORES,
         PERMIT_COUNTS,
+        PERMIT_HOLDERS,
         SESSION_TTL,
         BOOT,
         RESTART_GATE,
@@ -451,6 +469,19 @@ impl GetLock {
             Some(t) => t,
             None => self.grant_token(&mut conn, req).await?,
         };
+        if slot > 0 {
+            sqlx::query(
+                "REPLACE INTO fencelock_permit_holders (lock_key, slot, conn_id, holder, fence)
+                 VALUES (?, ?, CONNECTION_ID(), ?, ?)",
+            )
+            .bind(req.key.as_str().as_bytes())
+            .bind(slot as i32)
+            .bind(req.owner.as_str().as_bytes())
+            .bind(token as i64)
+            .execute(&mut conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        }
         let requested_at = lease_start(requested_at, req.ttl, &mut conn, ping)
             .await
             .map_err(|e| Error::connection(crate::NAME, &self.addr, e))?;
@@ -863,10 +894,30 @@ pub(crate) async fn inspect(db: &Db, key: &Key) -> Result<Option<LockInfo>> {
     let holder: Vec<u8> = row.try_get("holder").map_err(db.err())?;
     let conn_id: i64 = row.try_get("conn_id").map_err(db.err())?;
     let used = users(&db.pool, key, MAX_PERMITS).await.map_err(db.err())?;
-    let permits = used.iter().filter(|(slot, _)| *slot > 0).count() as u32;
+    // Permits: their holders and count as recorded at grant, where the
+    // session that recorded them still holds the permit.
+    let recorded: Vec<PermitRecord> = sqlx::query_as(
+        "SELECT h.slot, h.conn_id, h.holder, h.fence, p.permits
+         FROM fencelock_permit_holders h
+         LEFT JOIN fencelock_permits p ON p.lock_key = h.lock_key AND p.slot = h.slot AND p.conn_id = h.conn_id
+         WHERE h.lock_key = ?",
+    )
+    .bind(key.as_str().as_bytes())
+    .fetch_all(&db.pool)
+    .await
+    .map_err(db.err())?;
+    let in_use = used.iter().filter(|(slot, _)| *slot > 0).count() as u32;
     let mut holders = Vec::new();
     for (slot, id) in used {
-        let (owner, token) = if id == conn_id {
+        let permit = recorded
+            .iter()
+            .find(|r| r.0 as u32 == slot && r.1 == id && slot > 0);
+        let (owner, token) = if let Some((_, _, h, f, _)) = permit {
+            (
+                String::from_utf8_lossy(h).into_owned(),
+                Some(FencingToken::new(*f as u64)),
+            )
+        } else if id == conn_id {
             (
                 String::from_utf8_lossy(&holder).into_owned(),
                 Some(FencingToken::new(fence as u64)),
@@ -877,7 +928,13 @@ pub(crate) async fn inspect(db: &Db, key: &Key) -> Result<Option<LockInfo>> {
         let mode = if slot == 0 {
             Mode::Exclusive
         } else {
-            Mode::Semaphore { permits }
+            // Without a record (a holder between its permit and its
+            // record), the permits in use.
+            Mode::Semaphore {
+                permits: permit
+                    .and_then(|p| p.4)
+                    .map_or(in_use, |c| c.unsigned_abs()),
+            }
         };
         holders.push(HolderInfo::new(owner, mode, 1, token, None));
     }

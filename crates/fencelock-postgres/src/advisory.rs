@@ -598,13 +598,23 @@ pub(crate) async fn inspect(db: &Db, key: &Key) -> Result<Option<LockInfo>> {
     .fetch_all(&db.pool)
     .await
     .map_err(db.err())?;
-    let mut permits = 0;
+    // The key's permit count, as its holders mark it (see
+    // `fencelock_advisory_permit`).
+    let count: Option<i32> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT c FROM generate_series(1, {MAX_PERMIT_SEED}) c
+         WHERE hashtextextended($1, -1000 - c) IN (SELECT h.id FROM ({HOLDERS}) h) LIMIT 1"
+    )))
+    .bind(key.as_str())
+    .fetch_optional(&db.pool)
+    .await
+    .map_err(db.err())?;
+    let mut in_use = 0;
     let mut parsed = Vec::new();
     for row in &rows {
         let name: String = row.try_get("owner").map_err(db.err())?;
         let lmode: String = row.try_get("lmode").map_err(db.err())?;
         let main: bool = row.try_get("main").map_err(db.err())?;
-        permits += u32::from(!main);
+        in_use += u32::from(!main);
         let (token, owner) = match name.strip_prefix("fl:").and_then(|r| r.split_once(':')) {
             Some((t, o)) => (t.parse::<u64>().ok().map(FencingToken::new), o.to_string()),
             None => (None, name),
@@ -615,10 +625,13 @@ pub(crate) async fn inspect(db: &Db, key: &Key) -> Result<Option<LockInfo>> {
     for (owner, lmode, main, token) in parsed {
         let mode = match (main, lmode.as_str()) {
             (true, "ExclusiveLock") => Mode::Exclusive,
-            (true, _) if permits > 0 => continue, // a permit holder's shared hold
+            (true, _) if in_use > 0 => continue, // a permit holder's shared hold
             (true, _) => Mode::Shared,
-            // The permit count is not stored: this shows the permits in use.
-            (false, _) => Mode::Semaphore { permits },
+            // Without a mark (a holder between its permit and its mark), the
+            // permits in use.
+            (false, _) => Mode::Semaphore {
+                permits: count.map_or(in_use, |c| c.unsigned_abs()),
+            },
         };
         holders.push(HolderInfo::new(owner, mode, 1, token, None));
     }
