@@ -256,7 +256,7 @@ async fn supervise(
         tokio::select! {
             biased;
             event = tree.event() => match event {
-                Event::Exited => return exited(args, t, guard, tree).await,
+                Event::Exited => return exited(args, t, guard, tree, signals).await,
                 Event::Stopped => tree.stopped(),
             },
             lost = guard.lost() => {
@@ -280,7 +280,7 @@ async fn supervise(
                 let _ = tree.finish().await;
                 // Still held, maybe: let it go rather than make the next holder
                 // wait for the expiry.
-                let _ = guard.release().await;
+                let _ = release(guard, signals).await;
                 return exit::LOST;
             }
             sig = signals.recv() => tree.signal(sig),
@@ -290,7 +290,13 @@ async fn supervise(
 
 /// CMD has exited: what it left in its group ends before the lock goes.
 /// Returns CMD's status.
-async fn exited(args: &RunArgs, t: Timing, guard: fencelock::Guard, mut tree: Tree) -> u8 {
+async fn exited(
+    args: &RunArgs,
+    t: Timing,
+    guard: fencelock::Guard,
+    mut tree: Tree,
+    signals: &mut Signals,
+) -> u8 {
     let kill_at = guard
         .deadline()
         .checked_sub(t.margin)
@@ -309,8 +315,28 @@ async fn exited(args: &RunArgs, t: Timing, guard: fencelock::Guard, mut tree: Tr
             args.key, args.command[0]
         );
     }
-    if let Err(e) = guard.release().await {
+    if let Err(e) = release(guard, signals).await {
         eprintln!("fencelock: warning: releasing {:?} failed: {e}", args.key);
     }
     code
+}
+
+/// How long `run` waits for a release before it exits (the hold then ends
+/// with its TTL).
+const RELEASE_LIMIT: Duration = Duration::from_secs(10);
+
+/// Releases `guard`, for at most [`RELEASE_LIMIT`] and until a signal comes;
+/// `Err` says why it failed.
+async fn release(guard: fencelock::Guard, signals: &mut Signals) -> Result<(), String> {
+    let ttl = humantime::format_duration(guard.ttl());
+    tokio::select! {
+        r = tokio::time::timeout(RELEASE_LIMIT, guard.release()) => match r {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(_) => Err(format!(
+                "no answer within {}; the hold ends with its TTL ({ttl})",
+                humantime::format_duration(RELEASE_LIMIT)
+            )),
+        },
+        sig = signals.recv() => Err(format!("stopped by {sig}; the hold ends with its TTL ({ttl})")),
+    }
 }

@@ -117,7 +117,9 @@ fn expiry_secs(ttl: Duration) -> Result<u64> {
     let secs = ttl.as_millis().div_ceil(1000) as u64 + 1;
     if secs > MAX_EXPIRY_SECS {
         return Err(Error::config(format!(
-            "a TTL of {ttl:?} is longer than memcached's 30 days of relative expiry"
+            "a TTL of {} needs an item expiry of {secs} s (the TTL in whole seconds, plus one), more than memcached's relative expiry of at most 30 days ({MAX_EXPIRY_SECS} s) allows; use a TTL of at most {}",
+            humantime::format_duration(ttl),
+            humantime::format_duration(Duration::from_secs(MAX_EXPIRY_SECS - 1))
         )));
     }
     Ok(secs)
@@ -141,9 +143,7 @@ impl MemcachedBackend {
                 released: Notify::new(),
             }),
         };
-        let mut c = backend.client().await?;
-        c.version().await.map_err(|e| backend.err(e))?;
-        backend.put_back(c);
+        backend.with_client(async |c| c.version().await).await?;
         Ok(backend)
     }
 
@@ -163,6 +163,18 @@ impl MemcachedBackend {
         err.with_source(e)
     }
 
+    /// A connect or request that got no answer within the timeout.
+    fn no_answer(&self, what: &str) -> Error {
+        Error::connection(
+            NAME,
+            &self.inner.addr,
+            format!(
+                "no answer to a {what} within {} (timeout=); the server may be frozen or overloaded",
+                humantime::format_duration(self.inner.options.timeout)
+            ),
+        )
+    }
+
     async fn client(&self) -> Result<Client> {
         let idle = self
             .inner
@@ -172,9 +184,13 @@ impl MemcachedBackend {
             .pop();
         match idle {
             Some(c) if !c.is_closed() => Ok(c),
-            _ => Client::new(format!("tcp://{}", self.inner.addr))
-                .await
-                .map_err(|e| self.err(e)),
+            _ => tokio::time::timeout(
+                self.inner.options.timeout,
+                Client::new(format!("tcp://{}", self.inner.addr)),
+            )
+            .await
+            .map_err(|_| self.no_answer("connect"))?
+            .map_err(|e| self.err(e)),
         }
     }
 
@@ -197,7 +213,11 @@ impl MemcachedBackend {
         op: impl AsyncFnOnce(&mut Client) -> std::result::Result<T, async_memcached::Error>,
     ) -> Result<T> {
         let mut c = self.client().await?;
-        let out = op(&mut c).await.map_err(|e| self.err(e))?;
+        // On a timeout the connection is dropped: its reply may still come.
+        let out = tokio::time::timeout(self.inner.options.timeout, op(&mut c))
+            .await
+            .map_err(|_| self.no_answer("request"))?
+            .map_err(|e| self.err(e))?;
         self.put_back(c);
         Ok(out)
     }
@@ -440,9 +460,13 @@ impl MemcachedBackend {
             .take();
         let mut pipe = match idle {
             Some(p) => p,
-            None => pipeline::Pipe::connect(&self.inner.addr)
-                .await
-                .map_err(io_err)?,
+            None => tokio::time::timeout(
+                self.inner.options.timeout,
+                pipeline::Pipe::connect(&self.inner.addr),
+            )
+            .await
+            .map_err(|_| self.no_answer("connect"))?
+            .map_err(io_err)?,
         };
         let limit = leases.iter().map(|l| l.ttl).min().unwrap_or_default() / 3;
         let stored = pipe.cas_write_all(writes, limit).await.map_err(io_err)?;

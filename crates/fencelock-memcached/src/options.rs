@@ -12,6 +12,7 @@ use fencelock_core::{Error, Result};
 /// | `prefix=` | `fencelock:` | prepended to every item name |
 /// | `ttl=` | 30 s | default TTL of holds |
 /// | `pool=` | 8 | idle connections kept |
+/// | `timeout=` | 5 s | how long a connect or a request may take before it fails |
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct MemcachedOptions {
@@ -21,6 +22,9 @@ pub struct MemcachedOptions {
     pub default_ttl: Option<Duration>,
     /// Idle connections kept.
     pub pool: usize,
+    /// How long a connect or a request may take before it fails (the
+    /// connection is then dropped): a frozen server cannot hold a caller.
+    pub timeout: Duration,
 }
 
 impl Default for MemcachedOptions {
@@ -29,6 +33,7 @@ impl Default for MemcachedOptions {
             prefix: "fencelock:".into(),
             default_ttl: None,
             pool: 8,
+            timeout: Duration::from_secs(5),
         }
     }
 }
@@ -69,6 +74,12 @@ fn take_options(u: &mut BackendUrl) -> Result<MemcachedOptions> {
     options.default_ttl = u.take_duration("ttl")?;
     if let Some(pool) = u.take_parsed("pool", "a number")? {
         options.pool = pool;
+    }
+    if let Some(t) = u.take_duration("timeout")? {
+        if t.is_zero() {
+            return Err(u.bad_value("timeout", "0s", "use a duration above zero"));
+        }
+        options.timeout = t;
     }
     Ok(options)
 }

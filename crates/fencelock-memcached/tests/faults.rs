@@ -158,3 +158,30 @@ async fn more_held_locks_than_a_renewal_batch_are_all_renewed() {
     );
     fencelock_testkit::faults::many_held_locks_are_all_renewed(&locker, 450).await;
 }
+
+/// A frozen server (SIGSTOP: a stuck VM) answers nothing: a waiter still
+/// returns by its deadline (plus the request timeout), and a release returns
+/// an error rather than hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_server_cannot_hold_a_waiter_or_a_release_past_its_limits() {
+    let port = free_port();
+    let server = memcached(port);
+    let url = format!("memcached://127.0.0.1:{port}");
+    let a = Locker::new(MemcachedBackend::connect(&url).await.unwrap());
+    let g = a.lock("frozen").acquire().await.unwrap();
+    let b = Locker::new(MemcachedBackend::connect(&url).await.unwrap());
+    server.pause().unwrap();
+    // Generous bounds: a hang, not a slow answer, fails this test.
+    let waited = tokio::time::timeout(
+        Duration::from_secs(60),
+        b.lock("frozen").wait(Duration::from_secs(3)).acquire(),
+    )
+    .await
+    .expect("a waiter's acquire hung on a frozen server past its 3 s wait");
+    assert!(waited.is_err(), "granted on a frozen server");
+    let released = tokio::time::timeout(Duration::from_secs(60), g.release())
+        .await
+        .expect("a release hung on a frozen server");
+    assert!(released.is_err(), "a release on a frozen server succeeded");
+    server.resume().unwrap();
+}
