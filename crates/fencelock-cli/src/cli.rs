@@ -84,9 +84,10 @@ pub struct RunArgs {
     /// The lock's key.
     #[arg(long, value_name = "KEY")]
     pub key: String,
-    /// Lease TTL; renewed at ttl/3 while CMD runs.
-    #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
-    pub ttl: Duration,
+    /// Lease TTL; renewed at ttl/3 while CMD runs [default: the URL's `ttl=`,
+    /// else 30s].
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub ttl: Option<Duration>,
     /// How long to wait for the lock: a duration, `0s` to try once, or `forever`.
     #[arg(long, default_value = "forever", value_parser = parse_wait, value_name = "DURATION|forever")]
     pub wait: Wait,

@@ -160,13 +160,12 @@ impl Timing {
             .unwrap_or_else(|| (ttl / 3).min(Duration::from_secs(5)));
         let window = grace.min(ttl / 3);
         if grace > ttl / 3 {
-            let granted = if ttl < args.ttl {
-                format!(
+            let granted = match args.ttl {
+                Some(asked) if ttl < asked => format!(
                     " (the TTL the backend granted for --ttl {})",
-                    humantime::format_duration(args.ttl)
-                )
-            } else {
-                String::new()
+                    humantime::format_duration(asked)
+                ),
+                _ => String::new(),
             };
             eprintln!(
                 "fencelock: warning: --kill-grace {} is more than a third of the lease's TTL {}{granted}: CMD gets at most {} between SIGTERM and SIGKILL, so that it has ended before the lease could run out",
@@ -226,8 +225,12 @@ async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<fencelock::Gua
         locker.semaphore(&args.key, n)
     } else {
         locker.lock(&args.key)
-    }
-    .ttl(args.ttl);
+    };
+    // Without --ttl, the locker's default: the URL's `ttl=`, else 30 s.
+    let builder = match args.ttl {
+        Some(ttl) => builder.ttl(ttl),
+        None => builder,
+    };
     let builder = match deadline {
         None => builder.wait_forever(),
         Some((at, _)) => builder.wait(at.saturating_duration_since(Instant::now())),

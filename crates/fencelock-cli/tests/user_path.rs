@@ -349,3 +349,30 @@ fn a_waiter_stopped_by_a_signal_leaves_nothing_behind() {
         Ok(())
     });
 }
+
+/// A `ttl=` in the URL is the TTL of a `run` without `--ttl`.
+#[test]
+fn the_urls_ttl_applies_unless_ttl_is_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = configs(dir.path())
+        .into_iter()
+        .find(|c| c.name == "redis")
+        .unwrap();
+    c.url.push_str("?ttl=5m");
+    let k = key("url-ttl", &c);
+    let started = dir.path().join("started");
+    let stop = dir.path().join("stop");
+    let script = hold_until(&started, &stop);
+    let holder = spawn(&c, &["run", "--key", &k, "--", "sh", "-c", &script]).unwrap();
+    wait_for(&started, Duration::from_secs(30)).unwrap();
+    let o = output(&c, &["status", "--json", &k]).unwrap();
+    std::fs::write(&stop, "").unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let left = v["locks"][0]["holders"][0]["expires_in_ms"].as_u64();
+    assert!(
+        left.is_some_and(|ms| ms > 60_000),
+        "a hold of ttl=5m has {left:?} ms left: {v}"
+    );
+    let (code, stderr) = finish(holder, Duration::from_secs(60)).unwrap();
+    expect(code, &stderr, "the holder").unwrap();
+}
