@@ -376,3 +376,18 @@ fn the_urls_ttl_applies_unless_ttl_is_given() {
     let (code, stderr) = finish(holder, Duration::from_secs(60)).unwrap();
     expect(code, &stderr, "the holder").unwrap();
 }
+
+/// Every valid key works on every backend: one outside the Basic
+/// Multilingual Plane too.
+#[test]
+fn a_key_with_an_emoji_works_everywhere() {
+    each(|c, _| {
+        let k = format!("report-🔒-{}", key("emoji", c));
+        let o = output(c, &["run", "--key", &k, "--wait", "10s", "--", "true"])?;
+        expect(
+            o.status.code().unwrap_or(-1),
+            &String::from_utf8_lossy(&o.stderr),
+            "run",
+        )
+    });
+}

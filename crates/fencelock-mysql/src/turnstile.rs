@@ -72,8 +72,7 @@ use tokio::time::Instant;
 use crate::db::{Db, is_interrupted, map_err};
 
 /// The turnstile's `GET_LOCK` name of a key, server-side (binds: the key).
-pub(crate) const TURN_SQL: &str =
-    "CONCAT(LEFT(SHA2(CONCAT(DATABASE(), CHAR(31), ?), 256), 58), CHAR(31), 'turn')";
+pub(crate) const TURN_SQL: &str = "CONCAT(LEFT(SHA2(CONCAT(CONVERT(DATABASE() USING utf8mb4), CHAR(31), ?), 256), 58), CHAR(31), 'turn')";
 
 /// A turnstile session idle this long (seconds) is ended by the server: the
 /// longest a head that stopped asking keeps others from a free lock.

@@ -95,14 +95,22 @@ pub(crate) fn sorted_nodes(children: &[String]) -> Vec<LockNode> {
     nodes
 }
 
-/// Escapes a key into one path segment: `%` → `%25`, `/` → `%2F`, and the
-/// names ZooKeeper refuses (`.`, `..`) get their dots escaped.
+/// Escapes a key into one path segment: `%` → `%25`, `/` → `%2F`, the
+/// characters ZooKeeper refuses in a path (outside the Basic Multilingual
+/// Plane, private use, U+FFF0 and above) as `%XX` per UTF-8 byte, and the
+/// names it refuses (`.`, `..`) get their dots escaped.
 pub(crate) fn escape_key(key: &str) -> String {
     let mut out = String::with_capacity(key.len());
     for c in key.chars() {
         match c {
             '%' => out.push_str("%25"),
             '/' => out.push_str("%2F"),
+            '\u{e000}'..='\u{f8ff}' | '\u{fff0}'.. => {
+                let mut buf = [0; 4];
+                for b in c.encode_utf8(&mut buf).bytes() {
+                    out.push_str(&format!("%{b:02X}"));
+                }
+            }
             _ => out.push(c),
         }
     }
@@ -114,25 +122,25 @@ pub(crate) fn escape_key(key: &str) -> String {
 
 /// Reverses [`escape_key`].
 pub(crate) fn unescape_key(segment: &str) -> String {
-    let mut out = String::with_capacity(segment.len());
-    let mut rest = segment;
-    while let Some(i) = rest.find('%') {
-        out.push_str(&rest[..i]);
-        let code = rest.get(i + 1..i + 3);
-        match code {
-            Some("25") => out.push('%'),
-            Some("2F") => out.push('/'),
-            Some("2E") => out.push('.'),
-            _ => {
-                out.push('%');
-                rest = &rest[i + 1..];
-                continue;
+    let mut out = Vec::with_capacity(segment.len());
+    let bytes = segment.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        let code = segment
+            .get(i + 1..i + 3)
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], code) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
             }
         }
-        rest = &rest[i + 3..];
     }
-    out.push_str(rest);
-    out
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// What a waiting node watches.
@@ -261,7 +269,16 @@ mod tests {
 
     #[test]
     fn keys_escape_to_one_segment() {
-        for k in ["orders/42", "100%", ".", "..", "a.b", "x%2Fy"] {
+        for k in [
+            "orders/42",
+            "100%",
+            ".",
+            "..",
+            "a.b",
+            "x%2Fy",
+            "report-🔒",
+            "\u{e000}\u{fff0}é",
+        ] {
             let e = escape_key(k);
             assert!(!e.contains('/') && e != "." && e != "..", "{k} → {e}");
             assert_eq!(unescape_key(&e), k);
