@@ -11,6 +11,7 @@ use tracing::Instrument;
 
 use crate::backend::{Backend, Grant, LeaseRef, LockInfo, Renewal, Request};
 use crate::background::Ticket;
+use crate::backoff::Backoff;
 use crate::capabilities::Capabilities;
 use crate::error::{Error, Result};
 use crate::guard::{Guard, Lease, LeaseCell, LeaseState, LostReason, validity_deadline};
@@ -426,7 +427,11 @@ impl LockBuilder {
     ///
     /// [`Error::InvalidKey`] / [`Error::InvalidConfig`] before any I/O;
     /// [`Error::Unsupported`] for a mode the backend lacks; [`Error::Timeout`] when
-    /// the wait ran out; connection and backend errors.
+    /// the wait ran out; backend errors. A connection error (a server restart,
+    /// a network outage) does not end the wait: the acquire asks again, with
+    /// backoff from 100 ms to 5 s, as a new default owner, logs a warning
+    /// once, and returns the last connection error only when the wait has run
+    /// out (at once for a wait of zero).
     ///
     /// # Cancel safety
     ///
@@ -588,23 +593,39 @@ async fn acquire_waiting(
     let lined = req.mode == Mode::Exclusive && opts.owner.is_none();
     let first = req;
     let mut anew: Option<Request> = None;
+    let mut outage = Outage::default();
     loop {
         let req = anew.as_ref().unwrap_or(first);
-        let (grant, line_hold) = if lined {
-            acquire_in_line(&locker.shared.lines, backend, req, deadline, &span).await?
+        let asked = if lined {
+            acquire_in_line(&locker.shared.lines, backend, req, deadline, &span).await
         } else {
-            (
-                backend
-                    .acquire(req, deadline)
-                    .instrument(span.clone())
-                    .await?,
-                None,
-            )
+            backend
+                .acquire(req, deadline)
+                .instrument(span.clone())
+                .await
+                .map(|g| (g, None))
+        };
+        let (grant, line_hold) = match asked {
+            Ok(asked) => asked,
+            Err(e) if outage.wait(backend.name(), req, &e, deadline).await => {
+                anew = Some(ask_anew(locker, req));
+                continue;
+            }
+            Err(e) => return Err(e),
         };
         let Some(grant) = grant else {
             return Err(timeout());
         };
-        match freshen(locker, req, grant, deadline).await? {
+        let fresh = match freshen(locker, req, grant, deadline).await {
+            Ok(fresh) => fresh,
+            Err(e) if outage.wait(backend.name(), req, &e, deadline).await => {
+                anew = Some(ask_anew(locker, req));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        outage.over();
+        match fresh {
             Some(grant) => {
                 log_grant(req, &grant, start.elapsed());
                 let mut guard = locker.guard_for(req, grant, opts);
@@ -619,6 +640,50 @@ async fn acquire_waiting(
                 }
                 anew = Some(ask_anew(locker, req));
             }
+        }
+    }
+}
+
+/// A waiter's view of a backend that does not answer (a restart, a network
+/// outage): it waits on until its deadline, asking again with backoff, and
+/// says so once.
+#[derive(Default)]
+struct Outage {
+    backoff: Option<Backoff>,
+}
+
+impl Outage {
+    /// After `e`: `true` if the waiter should ask again (then it has slept),
+    /// `false` if `e` is to be returned (not a connection error, or the
+    /// deadline has passed).
+    async fn wait(
+        &mut self,
+        backend: &str,
+        req: &Request,
+        e: &Error,
+        deadline: Option<Instant>,
+    ) -> bool {
+        if !e.is_transient() || deadline.is_some_and(|d| Instant::now() >= d) {
+            return false;
+        }
+        let backoff = self.backoff.get_or_insert_with(|| {
+            tracing::warn!(
+                key = %req.key,
+                backend,
+                error = %e,
+                "the backend does not answer; waiting on{}",
+                if deadline.is_some() { " until the wait ends" } else { "" }
+            );
+            Backoff::new(Duration::from_millis(100), Duration::from_secs(5))
+        });
+        backoff.sleep(deadline, None).await;
+        true
+    }
+
+    /// The backend answered.
+    fn over(&mut self) {
+        if self.backoff.take().is_some() {
+            tracing::debug!("the backend answers again");
         }
     }
 }

@@ -176,3 +176,41 @@ async fn more_held_locks_than_a_transaction_takes_are_all_renewed() {
     let locker = Locker::new(EtcdBackend::connect(SHARED).await.unwrap());
     fencelock_testkit::faults::many_held_locks_are_all_renewed(&locker, 300).await;
 }
+
+/// Maintenance: the server restarts while a waiter waits without a deadline.
+/// The waiter waits through it and is granted once the holder lets go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_waits_through_a_server_restart() {
+    let mut cluster = support::Cluster::start(1).await;
+    let url = cluster.url("request_timeout=1s&connect_timeout=1s");
+    let holder = Locker::new(EtcdBackend::connect(&url).await.unwrap());
+    let g = holder
+        .lock("k")
+        .ttl(Duration::from_secs(3))
+        .acquire()
+        .await
+        .unwrap();
+    let waiter = Locker::new(EtcdBackend::connect(&url).await.unwrap());
+    let w = tokio::spawn(async move {
+        waiter
+            .lock("k")
+            .ttl(Duration::from_secs(3))
+            .wait_forever()
+            .acquire()
+            .await
+            .map(|g| g.token())
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    cluster.kill(0);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    cluster.restart(0).await;
+    drop(g);
+    let got = tokio::time::timeout(Duration::from_secs(90), w)
+        .await
+        .expect("the waiter was not granted within 90 s of the restart")
+        .unwrap();
+    assert!(
+        got.is_ok(),
+        "the waiter gave up during the restart: {got:?}"
+    );
+}

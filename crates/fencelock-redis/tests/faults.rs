@@ -557,3 +557,59 @@ async fn more_held_locks_than_a_renewal_batch_are_all_renewed() {
     let locker = Locker::new(RedisBackend::connect(SHARED).await.unwrap());
     fencelock_testkit::faults::many_held_locks_are_all_renewed(&locker, 450).await;
 }
+
+/// Maintenance: the server goes down for a few seconds while a waiter waits
+/// without a deadline. The waiter waits through the outage and is granted
+/// once the server is back and the lock free; one with a deadline waits
+/// until it, no longer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_waits_through_a_server_restart() {
+    let port = free_port();
+    let mut server = redis_on(port, &[]);
+    let url = format!("redis://127.0.0.1:{port}/?timeout=500ms");
+    let holder = Locker::new(RedisBackend::connect(&url).await.unwrap());
+    let _g = holder
+        .lock("k")
+        .ttl(Duration::from_secs(2))
+        .acquire()
+        .await
+        .unwrap();
+    let w = Locker::new(RedisBackend::connect(&url).await.unwrap());
+    let b = Locker::new(RedisBackend::connect(&url).await.unwrap());
+    let forever = tokio::spawn(async move {
+        w.lock("k")
+            .ttl(Duration::from_secs(2))
+            .wait_forever()
+            .acquire()
+            .await
+            .map(|g| g.token())
+    });
+    let bounded = tokio::spawn(async move {
+        let start = Instant::now();
+        let r = b
+            .lock("k")
+            .wait(Duration::from_secs(3))
+            .acquire()
+            .await
+            .map(|g| g.token());
+        (r, start.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    server.kill();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let _server = redis_on(port, &[]);
+    let got = tokio::time::timeout(Duration::from_secs(60), forever)
+        .await
+        .expect("the waiter was not granted within 60 s of the restart")
+        .unwrap();
+    assert!(got.is_ok(), "the waiter gave up during the outage: {got:?}");
+    let (r, took) = bounded.await.unwrap();
+    assert!(
+        r.is_err(),
+        "a 3 s wait during a 4 s outage was granted: {r:?}"
+    );
+    assert!(
+        took >= Duration::from_secs(3),
+        "a 3 s wait gave up after {took:?}, during the outage: {r:?}"
+    );
+}

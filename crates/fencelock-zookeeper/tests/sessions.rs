@@ -162,3 +162,55 @@ async fn a_new_session_follows_an_expired_one() {
     assert!(g2.is_valid());
     g2.release().await.unwrap();
 }
+
+/// Maintenance: the server is down for longer than the sessions live while
+/// a waiter waits without a deadline. The waiter's session (and its place in
+/// line) ends; it queues again on a new one once the server is back, and is
+/// granted, since the holder's session ended too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_waits_through_an_outage_longer_than_its_session() {
+    let (server, dir) = private_zk(60_000);
+    let port = server.port();
+    let url = format!("zk://127.0.0.1:{port}?session_timeout=4s&connect_timeout=2s");
+    let holder = Locker::new(connect(&url).await);
+    let _g = holder
+        .lock("k")
+        .ttl(Duration::from_secs(4))
+        .acquire()
+        .await
+        .unwrap();
+    let waiter = Locker::new(connect(&url).await);
+    let w = tokio::spawn(async move {
+        waiter
+            .lock("k")
+            .ttl(Duration::from_secs(4))
+            .wait_forever()
+            .acquire()
+            .await
+            .map(|g| g.token())
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    drop(server);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let _server = restart_zk(dir.path(), port);
+    let got = tokio::time::timeout(Duration::from_secs(120), w)
+        .await
+        .expect("the waiter was not granted within 120 s of the restart")
+        .unwrap();
+    assert!(got.is_ok(), "the waiter gave up during the outage: {got:?}");
+}
+
+/// Starts the server of `dir` (see [`private_zk`]) again on `port`.
+fn restart_zk(dir: &std::path::Path, port: u16) -> ServerProcess {
+    let mut cmd = Command::new("java");
+    cmd.args([
+        "-cp",
+        "/etc/zookeeper/conf_example:/usr/share/java/zookeeper.jar",
+    ])
+    .arg(format!("-Dzookeeper.log.dir={}", dir.display()))
+    .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
+    .arg(dir.join("zoo.cfg"))
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    ServerProcess::spawn("zookeeper", cmd, port, Duration::from_secs(60)).unwrap()
+}
