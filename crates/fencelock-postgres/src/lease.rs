@@ -333,19 +333,35 @@ const SCHEMA: &[&str] = &[
     LANGUAGE sql AS $fl$ SELECT * FROM fencelock_hand_over(k, o, t, n, m, ttl_ms, reent, permits) $fl$",
 ];
 
+/// Creates the tables and functions of both modes (idempotently).
+///
+/// One transaction, sent as one message: the server runs it to its end
+/// whatever the client does meanwhile, so a client that freezes (a paused VM)
+/// or vanishes cannot hold its locks — which would block every other
+/// client's setup, and its DDL every lock function. Setups run one at a time
+/// (an advisory transaction lock); one that waits longer than 10 s for a lock
+/// fails rather than queue everyone behind it.
 pub(crate) async fn create_schema(db: &Db) -> Result<()> {
-    let mut tx = db.pool.begin().await.map_err(db.err())?;
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('fencelock schema', 0))")
-        .execute(&mut *tx)
-        .await
-        .map_err(db.err())?;
+    let mut sql = String::from(
+        "BEGIN;\nSET LOCAL lock_timeout = '10s';\n\
+         SELECT pg_advisory_xact_lock(hashtextextended('fencelock schema', 0));\n",
+    );
     for stmt in SCHEMA.iter().chain(crate::advisory::SCHEMA) {
-        sqlx::query(*stmt)
-            .execute(&mut *tx)
-            .await
-            .map_err(db.err())?;
+        sql.push_str(stmt);
+        sql.push_str(";\n");
     }
-    tx.commit().await.map_err(db.err())
+    sql.push_str("COMMIT;");
+    let mut conn = db.pool.acquire().await.map_err(db.err())?;
+    if let Err(e) = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(&mut *conn)
+        .await
+    {
+        // The statements after an error did not run: end the transaction
+        // they left open before the connection goes back to the pool.
+        let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
+        return Err(db.err()(e));
+    }
+    Ok(())
 }
 
 /// Where an attempt stands while refused: the wait it belongs to and how it
