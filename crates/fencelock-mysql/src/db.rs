@@ -86,6 +86,11 @@ pub(crate) fn is_conflict(e: &Error) -> bool {
         if message.ends_with("(error 1213)") || message.ends_with("(error 1205)"))
 }
 
+/// True for an error [`map_err`] made of a lock wait timeout (1205).
+pub(crate) fn is_lock_wait_timeout(e: &Error) -> bool {
+    matches!(e, Error::Backend { message, .. } if message.ends_with("(error 1205)"))
+}
+
 /// True if the error says the session is gone (so nothing it held survives).
 pub(crate) fn session_gone(e: &sqlx::Error) -> bool {
     match e {

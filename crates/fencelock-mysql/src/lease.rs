@@ -14,7 +14,11 @@ use fencelock_core::{Error, FencingToken, HolderInfo, Key, LockInfo, Mode, Resul
 use sqlx::{MySqlConnection, Row};
 
 use crate::NAME;
-use crate::db::{Db, is_conflict};
+use crate::db::{Db, is_conflict, is_lock_wait_timeout};
+
+/// When to ask again after the key's row stayed locked past the lock wait
+/// timeout.
+const BUSY_RETRY: Duration = Duration::from_millis(500);
 use crate::turnstile::{self, TURN_SQL};
 
 pub(crate) const SCHEMA: &str = r"CREATE TABLE IF NOT EXISTS fencelock_locks (
@@ -126,6 +130,9 @@ pub(crate) async fn attempt(
     let mut tries = 0;
     loop {
         match attempt_once(db, req, line).await {
+            // Another transaction kept the key's row locked past the lock
+            // wait timeout (a frozen client, until the server ends it): busy.
+            Err(e) if is_lock_wait_timeout(&e) => return Ok(Err(BUSY_RETRY)),
             Err(e) if is_conflict(&e) && tries < 5 => tries += 1,
             done => return done,
         }

@@ -39,6 +39,15 @@
 //!   any durability setting, as long as the server's clock does not step back
 //!   across a restart. Sessions use REPEATABLE READ (the one-statement try
 //!   relies on its gap lock) and UTC, whatever the server's defaults.
+//! - **lease**, a client frozen inside a transaction (a paused VM, a link gone
+//!   silent without a FIN): its row locks last until the server ends its
+//!   session — on MariaDB 2 s after the transaction went idle
+//!   (`idle_transaction_timeout` of fencelock's sessions), on MySQL, which
+//!   has no such setting, `wait_timeout` (8 h by default: lower it, or use
+//!   MariaDB). Meanwhile no acquire waits past its deadline: a statement
+//!   gives up on a row lock after 2 s (`innodb_lock_wait_timeout` of
+//!   fencelock's sessions) and the key counts as busy
+//!   (`tests/frozen_client.rs`).
 //! - **get_lock** exclusion holds while the holder's session lives. A server
 //!   restart or crash ends every session, and with them every lock, at once;
 //!   a holder cut off from the server cannot hear of it. So after a restart
@@ -164,14 +173,36 @@ impl MySqlBackend {
             // A broken connection shows as an error of the statement itself; a
             // ping before each would double the round trips.
             .test_before_acquire(false)
-            // Row locks only, no gap locks: acquires of different keys do not
-            // block each other.
             .after_connect(|conn, _| {
                 Box::pin(async move {
+                    // Row locks only, no gap locks: acquires of different keys
+                    // do not block each other.
                     sqlx::query("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-                        .execute(conn)
+                        .execute(&mut *conn)
+                        .await?;
+                    // A transaction's row locks are held for milliseconds by a
+                    // live client: a statement that waits longer for one gives
+                    // up (the key counts as busy) rather than hold its caller
+                    // past its deadline.
+                    sqlx::query("SET SESSION innodb_lock_wait_timeout = 2")
+                        .execute(&mut *conn)
+                        .await?;
+                    // A client frozen inside a transaction (a paused VM)
+                    // keeps its row locks until the server ends its session:
+                    // MariaDB does so after 2 s idle in the transaction.
+                    // MySQL has no such setting (error 1193): its default
+                    // `wait_timeout` applies.
+                    match sqlx::query("SET SESSION idle_transaction_timeout = 2")
+                        .execute(&mut *conn)
                         .await
-                        .map(|_| ())
+                    {
+                        Err(sqlx::Error::Database(e))
+                            if e.message().contains("Unknown system variable") =>
+                        {
+                            Ok(())
+                        }
+                        r => r.map(|_| ()),
+                    }
                 })
             })
             .connect_with(connect.clone())
