@@ -104,3 +104,20 @@ pub(crate) fn session_gone(e: &sqlx::Error) -> bool {
 pub(crate) fn is_interrupted(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if code_of(db.as_ref()) == "1317")
 }
+
+/// Lifts the server's statement time limit (MariaDB's `max_statement_time`,
+/// MySQL's `max_execution_time`) for a session whose statements wait on
+/// purpose: a `GET_LOCK` lasts as long as its caller's wait, whatever the
+/// server, database or account sets.
+pub(crate) async fn unlimited_statements(conn: &mut sqlx::MySqlConnection) -> sqlx::Result<()> {
+    for stmt in [
+        "SET SESSION max_statement_time = 0",
+        "SET SESSION max_execution_time = 0",
+    ] {
+        match sqlx::query(stmt).execute(&mut *conn).await {
+            Err(sqlx::Error::Database(e)) if e.message().contains("Unknown system variable") => {}
+            r => return r.map(|_| ()),
+        }
+    }
+    Ok(())
+}

@@ -263,6 +263,9 @@ impl GetLock {
                 .execute(&mut c)
                 .await
                 .map_err(|e| self.err(e))?;
+            crate::db::unlimited_statements(&mut c)
+                .await
+                .map_err(|e| self.err(e))?;
             let Some(closed) = self.gate(&mut c).await? else {
                 return Ok(Some(c));
             };
@@ -968,7 +971,11 @@ pub(crate) async fn known_keys(db: &Db, prefix: &str) -> Result<Vec<String>> {
 async fn watch_server(options: MySqlConnectOptions, watch: fencelock_core::backend::SessionWatch) {
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
     while watch.alive() {
-        let Ok(mut conn) = MySqlConnection::connect_with(&options).await else {
+        let connected = match MySqlConnection::connect_with(&options).await {
+            Ok(mut c) => crate::db::unlimited_statements(&mut c).await.map(|_| c),
+            Err(e) => Err(e),
+        };
+        let Ok(mut conn) = connected else {
             // The server does not take sessions now: those of the holds may
             // be gone too (the pings tell).
             watch.sessions_may_have_ended();

@@ -151,6 +151,9 @@ impl Turnstile {
             .execute(&mut conn)
             .await
             .map_err(|e| self.err(e))?;
+        crate::db::unlimited_statements(&mut conn)
+            .await
+            .map_err(|e| self.err(e))?;
         let id: i64 = sqlx::query_scalar("SELECT CAST(CONNECTION_ID() AS SIGNED)")
             .fetch_one(&mut conn)
             .await

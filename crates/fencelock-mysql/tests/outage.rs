@@ -55,3 +55,37 @@ async fn a_lease_waiter_waits_through_a_server_restart() {
 async fn a_get_lock_waiter_waits_through_a_server_restart() {
     waiter_waits_through_a_restart("get_lock").await;
 }
+
+/// A server-side statement time limit (`max_statement_time`, set by an
+/// operator) does not cut a wait in `GET_LOCK` short.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_time_limit_does_not_end_a_get_lock_wait() {
+    use sqlx::Connection;
+    let db = PrivateMariaDb::start();
+    let url = db.url("get_lock");
+    let mut c = sqlx::MySqlConnection::connect(&url.replace("?mode=get_lock", ""))
+        .await
+        .unwrap();
+    sqlx::query("SET GLOBAL max_statement_time = 1")
+        .execute(&mut c)
+        .await
+        .unwrap();
+    let holder = Locker::new(MySqlBackend::connect(&url).await.unwrap());
+    let g = holder.lock("k").acquire().await.unwrap();
+    let waiter = Locker::new(MySqlBackend::connect(&url).await.unwrap());
+    let w = tokio::spawn(async move {
+        waiter
+            .lock("k")
+            .wait_forever()
+            .acquire()
+            .await
+            .map(|g| g.token())
+    });
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    g.release().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(60), w)
+        .await
+        .expect("the waiter was not granted within 60 s of the release")
+        .unwrap();
+    assert!(got.is_ok(), "the waiter's wait was cut short: {got:?}");
+}

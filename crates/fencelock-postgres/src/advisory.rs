@@ -274,7 +274,12 @@ pub(crate) struct Advisory {
 impl Advisory {
     pub(crate) fn new(options: PgConnectOptions, addr: String, max_idle: usize) -> Advisory {
         Advisory {
-            options: options.options([("client_connection_check_interval", "1000")]),
+            // A wait in `pg_advisory_lock` lasts as long as its caller's
+            // wait, whatever statement timeout the database or role sets.
+            options: options.options([
+                ("client_connection_check_interval", "1000"),
+                ("statement_timeout", "0"),
+            ]),
             addr,
             holds: SessionHolds::new("pg-advisory", max_idle),
             recorded: std::sync::Mutex::new((0, -1)),

@@ -55,3 +55,37 @@ async fn a_lease_waiter_waits_through_a_server_restart() {
 async fn an_advisory_waiter_waits_through_a_server_restart() {
     waiter_waits_through_a_restart("advisory").await;
 }
+
+/// A server-side statement timeout (`statement_timeout`, set for the
+/// database by an operator) does not cut a wait in `pg_advisory_lock` short.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_timeout_does_not_end_an_advisory_wait() {
+    use sqlx::Connection;
+    let pg = PrivatePostgres::start();
+    let url = pg.url("advisory");
+    let mut c = sqlx::PgConnection::connect(&url.replace("?mode=advisory", ""))
+        .await
+        .unwrap();
+    sqlx::query("ALTER DATABASE postgres SET statement_timeout = '1s'")
+        .execute(&mut c)
+        .await
+        .unwrap();
+    let holder = Locker::new(PostgresBackend::connect(&url).await.unwrap());
+    let g = holder.lock("k").acquire().await.unwrap();
+    let waiter = Locker::new(PostgresBackend::connect(&url).await.unwrap());
+    let w = tokio::spawn(async move {
+        waiter
+            .lock("k")
+            .wait_forever()
+            .acquire()
+            .await
+            .map(|g| g.token())
+    });
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    g.release().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(60), w)
+        .await
+        .expect("the waiter was not granted within 60 s of the release")
+        .unwrap();
+    assert!(got.is_ok(), "the waiter's wait was cut short: {got:?}");
+}
