@@ -251,6 +251,22 @@ fn unreachable_backend_exits_69_naming_the_address() {
     assert_eq!(e.trim().lines().count(), 1, "not one line: {e}");
 }
 
+/// A closed port of a database server: the error says the connection was
+/// refused (not that a pool timed out).
+#[test]
+fn a_closed_database_port_is_reported_as_refused() {
+    let env = Env::new();
+    for url in [
+        "postgres://postgres:postgres@127.0.0.1:1/test",
+        "mysql://root@127.0.0.1:1/test",
+    ] {
+        let o = env.output(&["run", "--backend", url, "--key", "k", "--", "true"]);
+        assert_eq!(code(&o), 69, "{url}: {}", stderr(&o));
+        let e = stderr(&o).to_lowercase();
+        assert!(e.contains("refused"), "{url}: {e}");
+    }
+}
+
 #[test]
 fn missing_command_exits_127() {
     let env = Env::new();

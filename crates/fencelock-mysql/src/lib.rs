@@ -167,6 +167,12 @@ impl MySqlBackend {
         let (driver_url, options) = options::parse_url(url)?;
         let connect = MySqlConnectOptions::from_str(&driver_url)
             .map_err(|e| Error::config(format!("mysql URL: {e}")))?;
+        // One connection first: a pool that cannot connect says only that it
+        // timed out; the connection says why (refused, a bad password).
+        let first = <sqlx::MySqlConnection as sqlx::Connection>::connect_with(&connect)
+            .await
+            .map_err(|e| db::map_err(&fencelock_core::backend::redact_url(url), e))?;
+        let _ = sqlx::Connection::close(first).await;
         let pool = MySqlPoolOptions::new()
             .max_connections(options.pool)
             .acquire_timeout(Duration::from_secs(10))

@@ -165,6 +165,12 @@ impl PostgresBackend {
         let connect = PgConnectOptions::from_str(&driver_url)
             .map_err(|e| Error::config(format!("postgres URL: {e}")))?
             .application_name("fencelock");
+        // One connection first: a pool that cannot connect says only that it
+        // timed out; the connection says why (refused, a bad password).
+        let first = <sqlx::PgConnection as sqlx::Connection>::connect_with(&connect)
+            .await
+            .map_err(|e| db::map_err(&fencelock_core::backend::redact_url(url), e))?;
+        let _ = sqlx::Connection::close(first).await;
         let pool = PgPoolOptions::new()
             .max_connections(options.pool)
             .acquire_timeout(Duration::from_secs(10))
