@@ -431,7 +431,9 @@ impl LockBuilder {
     /// a network outage) does not end the wait: the acquire asks again, with
     /// backoff from 100 ms to 5 s, as a new default owner, logs a warning
     /// once, and returns the last connection error only when the wait has run
-    /// out (at once for a wait of zero).
+    /// out (at once for a wait of zero). A backend that does not answer
+    /// cannot hold the acquire more than a second past its deadline: the
+    /// call is then cancelled, and the error says the backend did not answer.
     ///
     /// # Cancel safety
     ///
@@ -596,14 +598,28 @@ async fn acquire_waiting(
     let mut outage = Outage::default();
     loop {
         let req = anew.as_ref().unwrap_or(first);
-        let asked = if lined {
-            acquire_in_line(&locker.shared.lines, backend, req, deadline, &span).await
-        } else {
-            backend
-                .acquire(req, deadline)
-                .instrument(span.clone())
-                .await
-                .map(|g| (g, None))
+        let call = async {
+            if lined {
+                acquire_in_line(&locker.shared.lines, backend, req, deadline, &span).await
+            } else {
+                backend
+                    .acquire(req, deadline)
+                    .instrument(span.clone())
+                    .await
+                    .map(|g| (g, None))
+            }
+        };
+        // A backend that does not answer (a frozen server) cannot hold the
+        // waiter past its deadline: the call is dropped (cancelled) then.
+        let asked = match deadline {
+            None => call.await,
+            Some(d) => timeout_at(d + OVERRUN, call).await.unwrap_or_else(|| {
+                Err(Error::connection(
+                    backend.name(),
+                    &backend.address(),
+                    "no answer by the end of the wait",
+                ))
+            }),
         };
         let (grant, line_hold) = match asked {
             Ok(asked) => asked,
@@ -643,6 +659,10 @@ async fn acquire_waiting(
         }
     }
 }
+
+/// How long past its deadline an acquire waits for the backend's answer
+/// before it gives up on it.
+const OVERRUN: Duration = Duration::from_secs(1);
 
 /// A waiter's view of a backend that does not answer (a restart, a network
 /// outage): it waits on until its deadline, asking again with backoff, and

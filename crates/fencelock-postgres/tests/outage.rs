@@ -89,3 +89,55 @@ async fn a_statement_timeout_does_not_end_an_advisory_wait() {
         .unwrap();
     assert!(got.is_ok(), "the waiter's wait was cut short: {got:?}");
 }
+
+/// The link to the server goes silent (a proxy that forwards nothing: a
+/// stalled server, a cut cable) while a waiter waits: it still returns
+/// within about a second of its deadline (the bound is loose here: a hang,
+/// or a request timeout on top of the wait, fails this test).
+async fn a_silent_server_cannot_hold_a_waiter_past_its_deadline(mode: &str) {
+    let pg = PrivatePostgres::start();
+    let direct = pg.url(mode);
+    let port: u16 = direct
+        .split("127.0.0.1:")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap();
+    let proxy = fencelock_testkit::FaultProxy::start(([127, 0, 0, 1], port).into())
+        .await
+        .unwrap();
+    let via_proxy = direct.replace(&format!(":{port}/"), &format!(":{}/", proxy.addr().port()));
+    let holder = Locker::new(PostgresBackend::connect(&direct).await.unwrap());
+    let _g = holder.lock("k").acquire().await.unwrap();
+    let waiter = Locker::new(PostgresBackend::connect(&via_proxy).await.unwrap());
+    let w = tokio::spawn(async move {
+        let start = std::time::Instant::now();
+        let r = waiter
+            .lock("k")
+            .wait(Duration::from_secs(3))
+            .acquire()
+            .await;
+        (r.map(|g| g.token()), start.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.blackhole();
+    let (r, took) = tokio::time::timeout(Duration::from_secs(60), w)
+        .await
+        .unwrap_or_else(|_| panic!("{mode}: a 3 s wait still ran after 60 s"))
+        .unwrap();
+    assert!(r.is_err(), "{mode}: granted through a silent link: {r:?}");
+    assert!(
+        took < Duration::from_secs(8),
+        "{mode}: a 3 s wait returned after {took:?}: {r:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_server_cannot_hold_a_lease_waiter_past_its_deadline() {
+    a_silent_server_cannot_hold_a_waiter_past_its_deadline("lease").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_server_cannot_hold_an_advisory_waiter_past_its_deadline() {
+    a_silent_server_cannot_hold_a_waiter_past_its_deadline("advisory").await;
+}

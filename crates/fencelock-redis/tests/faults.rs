@@ -613,3 +613,34 @@ async fn a_waiter_waits_through_a_server_restart() {
         "a 3 s wait gave up after {took:?}, during the outage: {r:?}"
     );
 }
+
+/// A frozen server (SIGSTOP: a stuck VM) cannot hold a waiter past its
+/// deadline: it returns within a second or so of it (the bound is loose
+/// here: a hang, or several request timeouts in a row, fails this test).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_server_cannot_hold_a_waiter_past_its_deadline() {
+    let port = free_port();
+    let server = redis_on(port, &[]);
+    let url = format!("redis://127.0.0.1:{port}");
+    let holder = Locker::new(RedisBackend::connect(&url).await.unwrap());
+    let _g = holder.lock("k").acquire().await.unwrap();
+    let waiter = Locker::new(RedisBackend::connect(&url).await.unwrap());
+    let w = tokio::spawn(async move {
+        let start = Instant::now();
+        let r = waiter
+            .lock("k")
+            .wait(Duration::from_secs(3))
+            .acquire()
+            .await;
+        (r.map(|g| g.token()), start.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    server.pause().unwrap();
+    let (r, took) = w.await.unwrap();
+    server.resume().unwrap();
+    assert!(r.is_err(), "granted by a frozen server: {r:?}");
+    assert!(
+        took < Duration::from_secs(8),
+        "a 3 s wait returned after {took:?} from a frozen server: {r:?}"
+    );
+}
