@@ -199,6 +199,17 @@ impl Error {
         self
     }
 
+    /// Builds the [`Error::Connection`] of a server that refused the login
+    /// (a wrong user or password, missing credentials). Not transient: a
+    /// retry cannot cure it, so no wait goes on through it.
+    pub fn login_refused(
+        backend: &'static str,
+        addr: &str,
+        message: impl std::fmt::Display,
+    ) -> Self {
+        Error::connection(backend, addr, format!("{message} {LOGIN_HINT}"))
+    }
+
     /// Builds [`Error::Connection`]; `addr` is redacted here, so callers may pass a raw URL.
     pub fn connection(backend: &'static str, addr: &str, message: impl std::fmt::Display) -> Self {
         Error::Connection {
@@ -217,11 +228,15 @@ impl Error {
         }
     }
 
-    /// True for errors that a retry might cure (connection trouble).
+    /// True for errors that a retry might cure (connection trouble, but not
+    /// a refused login: see [`Error::login_refused`]).
     pub fn is_transient(&self) -> bool {
-        matches!(self, Error::Connection { .. })
+        matches!(self, Error::Connection { message, .. } if !message.ends_with(LOGIN_HINT))
     }
 }
+
+/// How [`Error::login_refused`] ends its message.
+const LOGIN_HINT: &str = "(check the user and password in the URL)";
 
 pub(crate) fn humanize(d: Duration) -> String {
     // Round to milliseconds so messages stay short.
@@ -318,6 +333,19 @@ pub(crate) fn redact_in_text(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_login_is_a_connection_error_that_no_retry_cures() {
+        let refused = Error::login_refused("etcd", "etcd://u:pw@h:2379", "permission denied");
+        assert!(matches!(refused, Error::Connection { .. }));
+        assert!(!refused.is_transient(), "{refused}");
+        assert!(
+            refused.to_string().contains("user and password"),
+            "{refused}"
+        );
+        assert!(!refused.to_string().contains("pw@"), "{refused}");
+        assert!(Error::connection("etcd", "h:2379", "connection refused").is_transient());
+    }
 
     #[test]
     fn a_kept_cause_is_the_source_and_prints_without_passwords() {

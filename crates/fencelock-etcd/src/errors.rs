@@ -26,11 +26,7 @@ pub(crate) fn etcd_err(e: etcd_client::Error, addr: &str) -> Error {
                     .iter()
                     .any(|w| s.message().contains(w)) =>
         {
-            Error::connection(
-                NAME,
-                addr,
-                format!("{} (check the user and password in the URL)", s.message()),
-            )
+            Error::login_refused(NAME, addr, s.message())
         }
         etcd_client::Error::GRpcStatus(s) if transient(&e) => {
             Error::connection(NAME, addr, s.message())

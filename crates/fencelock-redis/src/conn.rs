@@ -32,11 +32,7 @@ pub(crate) fn map_err(e: RedisError, addr: &str) -> Error {
     let auth = e.kind() == redis::ErrorKind::AuthenticationFailed
         || matches!(e.code(), Some("WRONGPASS" | "NOAUTH"));
     let err = if auth {
-        Error::connection(
-            NAME,
-            addr,
-            format!("{e} (check the user and password in the URL)"),
-        )
+        Error::login_refused(NAME, addr, &e)
     } else if e.is_io_error()
         || e.is_connection_refusal()
         || e.is_connection_dropped()

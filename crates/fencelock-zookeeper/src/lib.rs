@@ -186,11 +186,7 @@ fn zk_err(e: zk::Error, addr: &str) -> Error {
         | zk::Error::Timeout
         | zk::Error::ClientClosed => Error::connection(NAME, addr, &e),
         zk::Error::SessionExpired => Error::connection(NAME, addr, "the ZooKeeper session expired"),
-        zk::Error::NoAuth | zk::Error::AuthFailed => Error::connection(
-            NAME,
-            addr,
-            format!("{e} (check the user and password in the URL)"),
-        ),
+        zk::Error::NoAuth | zk::Error::AuthFailed => Error::login_refused(NAME, addr, &e),
         other => Error::backend(NAME, other),
     };
     err.with_source(e)
