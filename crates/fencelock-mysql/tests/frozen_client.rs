@@ -42,8 +42,10 @@ async fn an_acquire_returns_by_its_deadline_behind_a_frozen_transaction() {
         )
         .await
         .unwrap_or_else(|_| panic!("an acquire with a {wait:?} wait was still blocked after 40 s"));
+        // Busy at the deadline, or (a row lock waited for past it) no answer
+        // by then: either way not granted, and back in time.
         assert!(
-            matches!(got, Err(Error::Timeout { .. })),
+            matches!(got, Err(Error::Timeout { .. } | Error::Connection { .. })),
             "behind a row lock: {got:?}"
         );
     }
