@@ -191,6 +191,16 @@ fn wait_for(path: &Path, limit: Duration) -> Result<(), String> {
     Ok(())
 }
 
+/// Writes its stop file when dropped, so that a check that fails early
+/// leaves no holder running.
+struct Ends<'a>(&'a Path);
+
+impl Drop for Ends<'_> {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.0, "");
+    }
+}
+
 /// A holder's command: writes `started`, then runs until `stop` exists.
 fn hold_until(started: &Path, stop: &Path) -> String {
     format!(
@@ -243,6 +253,7 @@ fn long_ttl_holds_in_every_mode_show_in_status_and_free_the_key_when_done() {
         for (mode, flags, shown) in modes {
             let k = key(mode, c);
             let stop = work.join(format!("{mode}-stop"));
+            let _ends = Ends(&stop);
             let count = if mode == "exclusive" { 1 } else { 2 };
             let mut holders = Vec::new();
             for n in 0..count {
@@ -318,6 +329,7 @@ fn a_waiter_stopped_by_a_signal_leaves_nothing_behind() {
             let k = key(name, c);
             let started = work.join(format!("{name}-started"));
             let stop = work.join(format!("{name}-stop"));
+            let _ends = Ends(&stop);
             let script = hold_until(&started, &stop);
             let holder = spawn(
                 c,
@@ -362,6 +374,7 @@ fn the_urls_ttl_applies_unless_ttl_is_given() {
     let k = key("url-ttl", &c);
     let started = dir.path().join("started");
     let stop = dir.path().join("stop");
+    let _ends = Ends(&stop);
     let script = hold_until(&started, &stop);
     let holder = spawn(&c, &["run", "--key", &k, "--", "sh", "-c", &script]).unwrap();
     wait_for(&started, Duration::from_secs(30)).unwrap();
