@@ -140,9 +140,9 @@ impl<T: Send + 'static> Drop for FinishOnDrop<T> {
             && !std::thread::panicking()
             && runtime_present()
         {
-            spawn(async move {
+            spawn(crate::background::tracked(async move {
                 let _ = task.await;
-            });
+            }));
         }
     }
 }

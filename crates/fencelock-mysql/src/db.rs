@@ -33,7 +33,10 @@ impl Db {
 fn is_connection_code(code: &str) -> bool {
     matches!(
         code,
-        "1053"
+        // 1040: too many connections (all waiters reconnect at once after a
+        // restart), which a retry cures.
+        "1040"
+            | "1053"
             | "1077"
             | "1078"
             | "1079"

@@ -124,13 +124,18 @@ const BOOT: &str = r"CREATE TABLE IF NOT EXISTS fencelock_boot (
     boot BIGINT NOT NULL
 ) ENGINE=MEMORY";
 
+/// Notes the current server start in `fencelock_boot` if nobody has.
+const NOTE_BOOT: &str = "INSERT IGNORE INTO fencelock_boot (id, boot)
+     VALUES (1, CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED))";
+
 /// Per server start, the longest TTL of the `get_lock` holds granted under it,
 /// and what the table of earlier versions said when this start was first seen
 /// (their holds from before it). InnoDB: it must survive a crash.
 const RESTART_GATE: &str = r"CREATE TABLE IF NOT EXISTS fencelock_restart_gate (
     boot      BIGINT NOT NULL PRIMARY KEY,
     ttl_ms    BIGINT NOT NULL,
-    legacy_ms BIGINT NOT NULL DEFAULT 0
+    legacy_ms BIGINT NOT NULL DEFAULT 0,
+    started_s BIGINT NOT NULL DEFAULT 0
 ) ENGINE=InnoDB";
 
 /// Creates the tables; returns whether the server is MariaDB (which takes an
@@ -277,7 +282,7 @@ impl GetLock {
             if !std::mem::replace(&mut told, true) {
                 tracing::warn!(
                     server = %self.addr,
-                    "the server restarted {} ago: GET_LOCK locks are granted only in {}, once the holds from before the restart (TTL up to {}) have lapsed; an operator who knows every such holder is dead may delete the fencelock_restart_gate rows of earlier starts",
+                    "the server restarted {} ago: GET_LOCK locks are granted only in {}, once the holds from before the restart (TTL up to {}) have lapsed; an operator who knows every such holder is dead may delete the rows of fencelock_restart_gate and of fencelock_session_ttl (the table of earlier versions)",
                     humantime::format_duration(round(closed.restarted_ago)),
                     humantime::format_duration(round(closed.opens_in)),
                     humantime::format_duration(round(closed.longest_ttl)),
@@ -309,13 +314,14 @@ impl GetLock {
     async fn gate(&self, conn: &mut MySqlConnection) -> Result<Option<Closed>> {
         // One statement while this start is known; the first session of a
         // start notes it (and what earlier versions recorded) first.
-        let (boot, longest, recorded, others) = loop {
-            let row: Option<(i64, i64, i64, i64, i64)> = sqlx::query_as(
+        let (boot, longest, recorded, others, started_s) = loop {
+            let row: Option<(i64, i64, i64, i64, i64, i64)> = sqlx::query_as(
                 "SELECT b.boot,
                         GREATEST(COALESCE(MAX(CASE WHEN g.boot <> b.boot THEN g.ttl_ms END), 0),
                                  COALESCE(MAX(CASE WHEN g.boot = b.boot THEN g.legacy_ms END), 0)),
                         COALESCE(MAX(CASE WHEN g.boot = b.boot THEN g.ttl_ms END), 0),
                         COUNT(CASE WHEN g.boot <> b.boot THEN 1 END),
+                        COALESCE(MAX(CASE WHEN g.boot = b.boot THEN g.started_s END), 0),
                         COUNT(CASE WHEN g.boot = b.boot THEN 1 END)
                  FROM fencelock_boot b LEFT JOIN fencelock_restart_gate g ON TRUE
                  WHERE b.id = 1 GROUP BY b.boot",
@@ -323,24 +329,32 @@ impl GetLock {
             .fetch_optional(&mut *conn)
             .await
             .map_err(|e| self.err(e))?;
-            let note = match row {
-                Some((boot, longest, recorded, others, 1..)) => {
-                    break (boot, longest, recorded, others);
+            match row {
+                Some((boot, longest, recorded, others, started_s, 1..)) => {
+                    break (boot, longest, recorded, others, started_s);
                 }
+                // This start's row, with the second the server started (by
+                // `Uptime`: see `uptime_s`).
                 Some(_) => {
-                    "INSERT IGNORE INTO fencelock_restart_gate (boot, ttl_ms, legacy_ms)
-                     SELECT b.boot, 0, COALESCE((SELECT t.ttl_ms FROM fencelock_session_ttl t WHERE t.id = 1), 0)
-                     FROM fencelock_boot b WHERE b.id = 1"
+                    let up = self.uptime_s(conn).await?;
+                    sqlx::query(
+                        "INSERT IGNORE INTO fencelock_restart_gate (boot, ttl_ms, legacy_ms, started_s)
+                         SELECT b.boot, 0, COALESCE((SELECT t.ttl_ms FROM fencelock_session_ttl t WHERE t.id = 1), 0),
+                                UNIX_TIMESTAMP() - ?
+                         FROM fencelock_boot b WHERE b.id = 1",
+                    )
+                    .bind(up)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(|e| self.err(e))?;
                 }
                 None => {
-                    "INSERT IGNORE INTO fencelock_boot (id, boot)
-                     VALUES (1, CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED))"
+                    sqlx::query(NOTE_BOOT)
+                        .execute(&mut *conn)
+                        .await
+                        .map_err(|e| self.err(e))?;
                 }
-            };
-            sqlx::query(note)
-                .execute(&mut *conn)
-                .await
-                .map_err(|e| self.err(e))?;
+            }
         };
         // What the table says now (an operator may have deleted the row, the
         // server restarted): the next grant records its TTL again if that is
@@ -349,27 +363,25 @@ impl GetLock {
         if longest <= 0 && others == 0 {
             return Ok(None);
         }
-        // `SHOW GLOBAL STATUS` works on MySQL 8, which has no
-        // `information_schema.GLOBAL_STATUS`, and on MariaDB.
-        let (_, up_s): (String, String) = sqlx::query_as("SHOW GLOBAL STATUS LIKE 'Uptime'")
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(|e| self.err(e))?;
         // `Uptime` is the difference of two whole-second timestamps (the
         // statement's and the start's), so it reads up to a second more than
         // the time the server has really been up (1 at 0.4 s was seen).
-        let up_ms = (up_s.trim().parse::<i64>().unwrap_or(0) - 1)
-            .max(0)
-            .saturating_mul(1000);
+        let up_ms = (self.uptime_s(conn).await? - 1).max(0).saturating_mul(1000);
         let closed_ms = longest - up_ms;
         if closed_ms <= 0 {
-            // The holds of earlier starts are over: forget them.
+            // The holds of earlier starts are over: forget them — only rows
+            // of starts before this one (`fencelock_boot` emptied while the
+            // server ran makes a new row of the same start, whose holds may
+            // live).
             if others > 0 {
-                sqlx::query("DELETE FROM fencelock_restart_gate WHERE boot <> ?")
-                    .bind(boot)
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(|e| self.err(e))?;
+                sqlx::query(
+                    "DELETE FROM fencelock_restart_gate WHERE boot <> ? AND started_s < ? - 2",
+                )
+                .bind(boot)
+                .bind(started_s)
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| self.err(e))?;
             }
             return Ok(None);
         }
@@ -382,21 +394,38 @@ impl GetLock {
         }))
     }
 
+    /// The server's `Uptime` in seconds. `SHOW GLOBAL STATUS` works on
+    /// MySQL 8, which has no `information_schema.GLOBAL_STATUS`, and on
+    /// MariaDB.
+    async fn uptime_s(&self, conn: &mut MySqlConnection) -> Result<i64> {
+        let (_, up_s): (String, String) = sqlx::query_as("SHOW GLOBAL STATUS LIKE 'Uptime'")
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(up_s.trim().parse::<i64>().unwrap_or(0))
+    }
+
     /// Records `ttl` as a TTL of this server start (durably, with InnoDB's
     /// default `innodb_flush_log_at_trx_commit=1`) before a grant of it,
-    /// unless a TTL as long is known to be recorded.
+    /// unless a TTL as long is known to be recorded. The start is the
+    /// server's (`fencelock_boot` now), not what a gate saw earlier.
     async fn record_ttl(&self, conn: &mut MySqlConnection, ttl: Duration) -> Result<()> {
         let ms = ttl.as_millis().min(i64::MAX as u128) as i64;
-        // A live session passed a gate of the current start: the last gate's.
         let (boot, recorded) = *self.recorded.lock().unwrap_or_else(|p| p.into_inner());
         if recorded >= ms {
             return Ok(());
         }
+        sqlx::query(NOTE_BOOT)
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        // A row made here (an operator deleted this start's) gets the time
+        // of now as its start: never taken for an earlier start's.
         sqlx::query(
-            "INSERT INTO fencelock_restart_gate (boot, ttl_ms) VALUES (?, ?)
+            "INSERT INTO fencelock_restart_gate (boot, ttl_ms, started_s)
+             SELECT b.boot, ?, UNIX_TIMESTAMP() FROM fencelock_boot b WHERE b.id = 1
              ON DUPLICATE KEY UPDATE ttl_ms = GREATEST(ttl_ms, VALUES(ttl_ms))",
         )
-        .bind(boot)
         .bind(ms)
         .execute(&mut *conn)
         .await

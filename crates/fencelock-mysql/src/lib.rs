@@ -64,9 +64,17 @@
 //!   close the gate. A waiter at a closed gate waits, without a session, as
 //!   long as its wait allows, and logs a warning once that says when the
 //!   gate opens. An operator who knows every holder from before a restart is
-//!   dead may delete the rows of earlier starts. (The single-row table
-//!   `fencelock_session_ttl` of earlier versions is read once per start for
-//!   their holds.) The record is per database while `GET_LOCK` names are per server:
+//!   dead may delete the rows of `fencelock_restart_gate` and of
+//!   `fencelock_session_ttl`. Earlier versions kept one longest TTL in
+//!   `fencelock_session_ttl`; it is read when a start is first seen, for
+//!   their holds (so every restart waits for it until its row is deleted),
+//!   and this version does not write it: stop the get_lock clients of
+//!   earlier versions before the first of this version. Rows of earlier
+//!   starts are forgotten once their holds are over — only those whose start
+//!   (by `Uptime`) came before this one, so emptying `fencelock_boot` without
+//!   a restart forgets nothing. Known limit: a promoted replica carries its
+//!   source's `fencelock_boot` row, so the gate does not close for a
+//!   failover. The record is per database while `GET_LOCK` names are per server:
 //!   every fencelock client of one server must use one database in get_lock
 //!   mode, or the gate of one can open before a hold of another has lapsed.
 //!   Known limit: when the server ends one session while it keeps

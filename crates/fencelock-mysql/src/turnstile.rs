@@ -264,7 +264,7 @@ impl Turnstile {
 /// it and a cancelled release still rings.
 pub(crate) fn ring(db: &Db, head: i64) {
     let db = db.clone();
-    tokio::spawn(async move {
+    tokio::spawn(fencelock_core::backend::tracked(async move {
         if let Err(e) = sqlx::query("KILL QUERY ?")
             .bind(head)
             .execute(&db.pool)
@@ -274,5 +274,5 @@ pub(crate) fn ring(db: &Db, head: i64) {
             // that just ended: the head's sleep runs out instead.
             tracing::debug!(head, error = %e, "mysql lease: could not ring the head of the line");
         }
-    });
+    }));
 }

@@ -228,3 +228,52 @@ async fn a_closed_gate_is_waited_out_within_the_wait() {
         .expect("granted once the gate opened");
     g.release().await.unwrap();
 }
+
+/// `fencelock_boot` emptied while the server runs (an operator, a restore)
+/// makes a new start row of the same start: the rows of the holds granted
+/// before are kept, and still close the gate after the next restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn emptying_the_boot_table_without_a_restart_forgets_no_hold() {
+    use sqlx::Connection;
+    let ttl = Duration::from_secs(3);
+    let mut db = PrivateMariaDb::start();
+    let url = db.url("get_lock");
+    let a = Locker::new(MySqlBackend::connect(&url).await.unwrap());
+    let g = a.lock("k").ttl(ttl).acquire().await.unwrap();
+    // The server has been up longer than the TTL: a new start row's gate is
+    // open at once.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let plain = url.replace("?mode=get_lock", "");
+    let mut c = sqlx::MySqlConnection::connect(&plain).await.unwrap();
+    sqlx::query("DELETE FROM fencelock_boot")
+        .execute(&mut c)
+        .await
+        .unwrap();
+    drop(c);
+    let b = Locker::new(MySqlBackend::connect(&url).await.unwrap());
+    b.lock("other")
+        .ttl(Duration::from_secs(1))
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    drop(g);
+    tokio::task::block_in_place(|| db.crash_and_restart());
+    let c2 = Locker::new(MySqlBackend::connect(&url).await.unwrap());
+    let g = c2
+        .lock("k")
+        .ttl(ttl)
+        .wait(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let up = db.spawned().elapsed();
+    assert!(
+        up >= ttl,
+        "granted when the server had been up for {up:?}, less than the TTL of a hold from \
+         before the restart ({ttl:?})"
+    );
+    g.release().await.unwrap();
+}

@@ -332,7 +332,7 @@ impl Advisory {
             if !std::mem::replace(&mut told, true) {
                 tracing::warn!(
                     server = %self.addr,
-                    "the server restarted {} ago: advisory locks are granted only in {}, once the holds from before the restart (TTL up to {}) have lapsed; an operator who knows every such holder is dead may delete the fencelock_restart_gate rows of earlier starts",
+                    "the server restarted {} ago: advisory locks are granted only in {}, once the holds from before the restart (TTL up to {}) have lapsed; an operator who knows every such holder is dead may delete the rows of fencelock_restart_gate and of fencelock_session_ttl (the table of earlier versions)",
                     humantime::format_duration(round(closed.restarted_ago)),
                     humantime::format_duration(round(closed.opens_in)),
                     humantime::format_duration(round(closed.longest_ttl)),

@@ -30,7 +30,9 @@ impl Db {
 
 /// SQLSTATEs that mean the session is gone or the server is going away.
 fn is_connection_state(code: &str) -> bool {
-    code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "57P05")
+    // 53300: too many connections (all waiters reconnect at once after a
+    // restart), which a retry cures.
+    code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "57P05" | "53300")
 }
 
 pub(crate) fn map_err(addr: &str, e: sqlx::Error) -> Error {

@@ -61,11 +61,16 @@
 //!   granted since the start never close the gate. A waiter at a closed gate
 //!   waits, without a session, as long as its wait allows, and logs a warning
 //!   once that says when the gate opens. An operator who knows every holder
-//!   from before a restart is dead may delete the rows of earlier starts.
-//!   (The single-row table `fencelock_session_ttl` of earlier versions is
-//!   read once per start for their holds.) Known limit: a crash that the
-//!   server survives by reinitializing in place keeps
-//!   `pg_postmaster_start_time()`, so the gate does not close for it. Known limit:
+//!   from before a restart is dead may delete the rows of
+//!   `fencelock_restart_gate` and of `fencelock_session_ttl`. Earlier
+//!   versions kept one longest TTL in `fencelock_session_ttl`; it is read when
+//!   a start is first seen, for their holds (so every restart waits for it
+//!   until its row is deleted), and this version does not write it: stop the
+//!   advisory clients of earlier versions before the first of this version,
+//!   or their gate may open before its holds have lapsed. Known limits: a
+//!   crash that the server survives by reinitializing in place, and a
+//!   promoted standby, keep `pg_postmaster_start_time()` of before, so the
+//!   gate does not close for them. Known limit:
 //!   when the server ends one session while it keeps running
 //!   (`pg_terminate_backend`, a connection the network reset), that lock is
 //!   free at once, and its holder learns it at its next renewal (within

@@ -184,9 +184,9 @@ impl Offer {
         let lease = LeaseRef::new(&self.req, &grant);
         let backend = self.backend.clone();
         if runtime_present() {
-            spawn(async move {
+            spawn(crate::background::tracked(async move {
                 let _ = backend.release(&lease).await;
-            });
+            }));
         }
     }
 }
