@@ -607,8 +607,9 @@ async fn review_the_last_reader_hands_the_lock_to_the_writer_where_it_stands() {
 // ---------------------------------------------------------------------------
 // Attack 11: replies (and the grant message) to the waiter are lost while the
 // lock is handed to it: its request to take the hold up runs, the answer
-// never comes, it fails; its leave runs and the lock goes to the next waiter.
-// Exactly one holder at the end, and not the waiter that failed.
+// never comes; its leave runs and the lock goes to the next waiter. The
+// waiter asks again (a connection error does not end a wait) and fails at
+// its deadline. Exactly one holder at the end, and not the waiter that failed.
 // ---------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -639,14 +640,15 @@ async fn review_a_waiter_whose_replies_are_lost_as_it_is_handed_the_lock_passes_
     standing(&mut raw, "fencelock:", &key, 2).await;
     proxy.drop_replies();
     held.release().await.unwrap();
-    let rb = tokio::time::timeout(Duration::from_secs(15), bw)
-        .await
-        .expect("B hung")
-        .unwrap();
-    let gc = tokio::time::timeout(Duration::from_secs(10), cw)
+    let gc = tokio::time::timeout(Duration::from_secs(15), cw)
         .await
         .expect("C was not granted: the hold handed to B was not passed on")
         .unwrap()
+        .unwrap();
+    // B's 20 s wait ends (the acquire's cap: a second after it).
+    let rb = tokio::time::timeout(Duration::from_secs(40), bw)
+        .await
+        .expect("B hung past its deadline")
         .unwrap();
     let hold = raw_hold(&mut raw, "fencelock:", &key).await.unwrap();
     assert_eq!(field(&hold, 0), gc.owner().as_str(), "{hold}");
