@@ -182,39 +182,18 @@ impl Timing {
     }
 }
 
-/// What a connect may take even when `--wait` is shorter (`--wait 0s` tries
-/// once): the drivers' own connect timeout.
-const MIN_CONNECT: Duration = Duration::from_secs(5);
-
 /// Acquires the lock `args` name; `Err` is the exit status (an error, or
 /// 128 + a signal that came while connecting or waiting). `--wait` covers
-/// the connect too (which may take up to [`MIN_CONNECT`] however short it is).
+/// the connect too, which asks again through an outage until the wait ends
+/// (see [`fencelock::connect_within`]).
 async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<fencelock::Guard, u8> {
-    let started = Instant::now();
-    let deadline = match args.wait {
+    let wait = match args.wait {
         Wait::Forever => None,
-        Wait::For(d) => Some((started + d, d)),
+        Wait::For(d) => Some(d),
     };
+    let deadline = wait.map(|d| Instant::now() + d);
     let url = args.backend.url();
-    let connect = async {
-        match deadline {
-            None => fencelock::connect(&url).await,
-            Some((at, wait)) => {
-                tokio::time::timeout_at(at.max(started + MIN_CONNECT), fencelock::connect(&url))
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(fencelock::Error::connection(
-                            "backend",
-                            &url,
-                            format!(
-                                "no connection within --wait {}",
-                                humantime::format_duration(wait)
-                            ),
-                        ))
-                    })
-            }
-        }
-    };
+    let connect = fencelock::connect_within(&url, wait);
     let locker = tokio::select! {
         r = connect => r.map_err(|e| exit::report(&e))?,
         sig = signals.recv() => return Err(128 + sig as u8),
@@ -233,7 +212,7 @@ async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<fencelock::Gua
     };
     let builder = match deadline {
         None => builder.wait_forever(),
-        Some((at, _)) => builder.wait(at.saturating_duration_since(Instant::now())),
+        Some(at) => builder.wait(at.saturating_duration_since(Instant::now())),
     };
     tokio::select! {
         r = builder.acquire() => r.map_err(|e| exit::report(&e)),

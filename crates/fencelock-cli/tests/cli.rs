@@ -260,7 +260,17 @@ fn a_closed_database_port_is_reported_as_refused() {
         "postgres://postgres:postgres@127.0.0.1:1/test",
         "mysql://root@127.0.0.1:1/test",
     ] {
-        let o = env.output(&["run", "--backend", url, "--key", "k", "--", "true"]);
+        let o = env.output(&[
+            "run",
+            "--backend",
+            url,
+            "--key",
+            "k",
+            "--wait",
+            "2s",
+            "--",
+            "true",
+        ]);
         assert_eq!(code(&o), 69, "{url}: {}", stderr(&o));
         let e = stderr(&o).to_lowercase();
         assert!(e.contains("refused"), "{url}: {e}");

@@ -75,6 +75,7 @@ pub enum Error {
         what: String,
     },
     /// The backend could not be reached or the connection broke.
+    #[non_exhaustive]
     #[error("cannot reach {backend} at {addr}: {message}; {}", connection_hint(.backend))]
     Connection {
         /// The backend's name.
@@ -86,6 +87,8 @@ pub enum Error {
         /// The client library's error, if there was one (see [`Error::with_source`]).
         #[source]
         source: Option<Cause>,
+        /// Whether asking again may cure it: see [`Error::is_transient`].
+        transient: bool,
     },
     /// The backend answered with an error.
     #[error("{backend} error: {message}")]
@@ -207,7 +210,22 @@ impl Error {
         addr: &str,
         message: impl std::fmt::Display,
     ) -> Self {
-        Error::connection(backend, addr, format!("{message} {LOGIN_HINT}"))
+        Error::connection(
+            backend,
+            addr,
+            format!("{message} (check the user and password in the URL)"),
+        )
+        .lasting()
+    }
+
+    /// Marks an [`Error::Connection`] as one that asking again cannot cure
+    /// (a refused login, a file that cannot be opened): no wait goes on
+    /// through it.
+    pub fn lasting(mut self) -> Self {
+        if let Error::Connection { transient, .. } = &mut self {
+            *transient = false;
+        }
+        self
     }
 
     /// Builds [`Error::Connection`]; `addr` is redacted here, so callers may pass a raw URL.
@@ -217,6 +235,7 @@ impl Error {
             addr: redact_url(addr),
             message: redact_in_text(&message.to_string()),
             source: None,
+            transient: true,
         }
     }
 
@@ -228,15 +247,18 @@ impl Error {
         }
     }
 
-    /// True for errors that a retry might cure (connection trouble, but not
-    /// a refused login: see [`Error::login_refused`]).
+    /// True for errors that a retry might cure: connection trouble, but not
+    /// a refused login nor others marked [`Error::lasting`].
     pub fn is_transient(&self) -> bool {
-        matches!(self, Error::Connection { message, .. } if !message.ends_with(LOGIN_HINT))
+        matches!(
+            self,
+            Error::Connection {
+                transient: true,
+                ..
+            }
+        )
     }
 }
-
-/// How [`Error::login_refused`] ends its message.
-const LOGIN_HINT: &str = "(check the user and password in the URL)";
 
 pub(crate) fn humanize(d: Duration) -> String {
     // Round to milliseconds so messages stay short.

@@ -169,7 +169,12 @@ impl PostgresBackend {
         let (driver_url, options) = options::parse_url(url)?;
         let connect = PgConnectOptions::from_str(&driver_url)
             .map_err(|e| Error::config(format!("postgres URL: {e}")))?
-            .application_name("fencelock");
+            .application_name("fencelock")
+            // fencelock's sessions hold nothing while idle (a hold's
+            // session sets its own timeout: the TTL), and its pool closes
+            // idle ones itself: a server's `idle_session_timeout` would
+            // only make the next statement fail on a closed connection.
+            .options([("idle_session_timeout", "0")]);
         // One connection first: a pool that cannot connect says only that it
         // timed out; the connection says why (refused, a bad password).
         let first = <sqlx::PgConnection as sqlx::Connection>::connect_with(&connect)

@@ -297,13 +297,15 @@ impl Identity {
 /// the identity of its files once open.
 pub(crate) fn open(path: &Path, options: &SqliteOptions) -> Result<(Connection, Identity)> {
     let addr = format!("sqlite://{}", path.display());
+    // A file that cannot be opened stays so: no wait goes on through it.
+    let lasting = |e: String| Error::connection(NAME, &addr, e).lasting();
     if let Ok(m) = std::fs::metadata(path) {
-        one_name(path, &m).map_err(|e| Error::connection(NAME, &addr, e))?;
-        not_mounted_alone(path).map_err(|e| Error::connection(NAME, &addr, e))?;
+        one_name(path, &m).map_err(lasting)?;
+        not_mounted_alone(path).map_err(lasting)?;
     }
-    ExpiryClock::epoch().map_err(|e| Error::connection(NAME, &addr, e))?;
+    ExpiryClock::epoch().map_err(lasting)?;
     let conn = open_connection(path, options)?;
-    let id = Identity::of(path).map_err(|e| Error::connection(NAME, &addr, e))?;
+    let id = Identity::of(path).map_err(lasting)?;
     Ok((conn, id))
 }
 
@@ -336,7 +338,7 @@ fn open_once(path: &Path, options: &SqliteOptions) -> std::result::Result<Connec
         if is_busy(&e) {
             OpenError::Busy(Error::connection(NAME, &addr, e))
         } else {
-            OpenError::Other(Error::connection(NAME, &addr, e))
+            OpenError::Other(Error::connection(NAME, &addr, e).lasting())
         }
     };
     let conn = Connection::open_with_flags(
@@ -357,7 +359,8 @@ fn open_once(path: &Path, options: &SqliteOptions) -> std::result::Result<Connec
             format!(
                 "cannot switch the lock file to WAL mode (got {mode}); is it on a network filesystem?"
             ),
-        )));
+        )
+        .lasting()));
     }
     let sync = match options.synchronous {
         Synchronous::Normal => "NORMAL",

@@ -193,3 +193,32 @@ async fn through_a_symlink_the_real_files_are_the_ones_watched() {
         "A renewed for 5 s after the real -wal and -shm were deleted"
     );
 }
+
+/// The lock file's directory removed under a locker: the file cannot be
+/// opened again, and waiting cannot mend that, so an acquire without a
+/// deadline returns the error instead of asking for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_file_that_cannot_be_opened_again_ends_a_wait_without_a_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let sub = dir.path().join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    let path = sub.join("locks.db");
+    let a = locker(&path).await;
+    a.lock("k")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    std::fs::remove_dir_all(&sub).unwrap();
+    let got = tokio::time::timeout(
+        Duration::from_secs(30),
+        a.lock("k").wait_forever().acquire(),
+    )
+    .await
+    .expect("the acquire still asked after 30 s");
+    let e = got.expect_err("granted in a file that cannot exist");
+    assert!(!e.is_transient(), "{e:?}");
+    assert!(e.to_string().contains("locks.db"), "{e}");
+}

@@ -48,6 +48,9 @@ use fencelock_core::backend::{Driver, MEMORY_DRIVER, redact_url};
 
 #[cfg(feature = "blocking")]
 pub mod blocking;
+mod connect_within;
+
+pub use connect_within::connect_within;
 
 /// The backend crates compiled into this build.
 pub mod backends {

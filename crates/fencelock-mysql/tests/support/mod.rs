@@ -23,10 +23,16 @@ pub struct PrivateMariaDb {
     port: u16,
     child: Option<Child>,
     spawned: std::time::Instant,
+    settings: Vec<String>,
 }
 
 impl PrivateMariaDb {
     pub fn start() -> PrivateMariaDb {
+        PrivateMariaDb::start_with(&[])
+    }
+
+    /// A private server with extra options (`"--wait-timeout=2"`).
+    pub fn start_with(settings: &[&str]) -> PrivateMariaDb {
         let dir = tempfile::tempdir().unwrap();
         // A private tmpdir: bootstraps running at once collide on the names
         // of their temporary tables in a shared /tmp.
@@ -50,6 +56,7 @@ impl PrivateMariaDb {
             port: free_port(),
             child: None,
             spawned: std::time::Instant::now(),
+            settings: settings.iter().map(|s| s.to_string()).collect(),
         };
         db.run();
         db
@@ -71,6 +78,7 @@ impl PrivateMariaDb {
             .arg(format!("--tmpdir={}", d.join("tmp").display()))
             .arg(format!("--pid-file={}", d.join("pid").display()))
             .arg(format!("--port={}", self.port))
+            .args(&self.settings)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -1,0 +1,119 @@
+//! `fencelock run` started while the server is down (maintenance, a restart):
+//! it waits for the server within `--wait`, says so once on stderr, and a
+//! signal still ends it.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fencelock_testkit::{ServerProcess, Signal, free_port, send_signal};
+
+const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
+
+fn redis(port: u16) -> ServerProcess {
+    let mut cmd = Command::new("redis-server");
+    cmd.args([
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+    ])
+    .stdout(Stdio::null());
+    ServerProcess::spawn("redis-server", cmd, port, Duration::from_secs(10))
+        .expect("redis-server starts")
+}
+
+fn fencelock(args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.args(args)
+        .env_remove("FENCELOCK_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    c
+}
+
+#[test]
+fn run_started_during_an_outage_waits_for_the_server_within_its_wait() {
+    let port = free_port();
+    let url = format!("redis://127.0.0.1:{port}");
+    let dir = tempfile::tempdir().unwrap();
+    let ran = dir.path().join("ran");
+    let script = format!("echo $FENCELOCK_TOKEN > {}", ran.display());
+    let child = fencelock(&[
+        "run",
+        "--backend",
+        &url,
+        "--key",
+        "k",
+        "--wait",
+        "60s",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ])
+    .spawn()
+    .unwrap();
+    // The server comes up a few seconds later.
+    std::thread::sleep(Duration::from_secs(3));
+    let _server = redis(port);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "stderr: {stderr}");
+    assert!(ran.exists(), "CMD did not run");
+    // One line says why it waited.
+    assert_eq!(stderr.lines().count(), 1, "stderr: {stderr}");
+    assert!(stderr.contains("asking again"), "stderr: {stderr}");
+}
+
+#[test]
+fn run_waiting_for_a_server_that_is_down_ends_by_its_wait_or_a_signal() {
+    let url = format!("redis://127.0.0.1:{}", free_port());
+    let start = Instant::now();
+    let out = fencelock(&[
+        "run",
+        "--backend",
+        &url,
+        "--key",
+        "k",
+        "--wait",
+        "3s",
+        "--",
+        "true",
+    ])
+    .output()
+    .unwrap();
+    let took = start.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "stderr: {stderr}");
+    assert!(
+        stderr.to_lowercase().contains("refused"),
+        "stderr: {stderr}"
+    );
+    assert!(
+        took >= Duration::from_secs(3) && took < Duration::from_secs(20),
+        "ended after {took:?}, not by its 3 s wait"
+    );
+    // Without a deadline it waits on; SIGTERM ends it.
+    let child = fencelock(&["run", "--backend", &url, "--key", "k", "--", "true"])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    send_signal(child.id(), Signal::SIGTERM).unwrap();
+    let start = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(128 + 15),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "SIGTERM was not honoured"
+    );
+}

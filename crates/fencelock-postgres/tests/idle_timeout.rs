@@ -1,0 +1,63 @@
+//! A server that ends idle sessions (`idle_session_timeout`, a common
+//! setting): holds live on through their renewals, and later acquires,
+//! renewals and releases work, in both modes, although every pooled
+//! connection has been closed by the server in between.
+
+mod support;
+
+use std::time::Duration;
+
+use fencelock_core::Locker;
+use fencelock_postgres::PostgresBackend;
+use support::PrivatePostgres;
+
+async fn holds_outlive_the_idle_timeout(mode: &str) {
+    let pg = PrivatePostgres::start_with(&["idle_session_timeout=1s"]);
+    let url = pg.url(mode);
+    let locker = Locker::new(PostgresBackend::connect(&url).await.unwrap());
+    // A TTL of 6 s renews every 2 s: each renewal finds its connection idle
+    // for longer than the server allows.
+    let ttl = Duration::from_secs(6);
+    let a = locker.lock("a").ttl(ttl).acquire().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    assert!(
+        a.is_valid(),
+        "{mode}: the hold was lost: {:?}",
+        a.lease().lost_reason()
+    );
+    let b = locker
+        .lock("b")
+        .ttl(ttl)
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .unwrap_or_else(|e| panic!("{mode}: an acquire after idle connections closed: {e}"));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(a.is_valid() && b.is_valid(), "{mode}: a hold was lost");
+    a.release()
+        .await
+        .unwrap_or_else(|e| panic!("{mode}: release: {e}"));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    b.release()
+        .await
+        .unwrap_or_else(|e| panic!("{mode}: release after an idle spell: {e}"));
+    // Both are free again.
+    let other = Locker::new(PostgresBackend::connect(&url).await.unwrap());
+    for key in ["a", "b"] {
+        let got = other.lock(key).try_acquire().await.unwrap();
+        assert!(
+            got.is_some(),
+            "{mode}: {key} was still held after its release"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_holds_outlive_the_servers_idle_session_timeout() {
+    holds_outlive_the_idle_timeout("lease").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_holds_outlive_the_servers_idle_session_timeout() {
+    holds_outlive_the_idle_timeout("advisory").await;
+}
