@@ -95,7 +95,9 @@
 //!   lapses with its TTL.
 //!
 //! The schema is created on first use (idempotently). PostgreSQL 14 or later
-//! (`idle_session_timeout`, `client_connection_check_interval`).
+//! (`idle_session_timeout`, `client_connection_check_interval`). fencelock's
+//! sessions run at READ COMMITTED and turn `idle_session_timeout` off (a
+//! hold's session sets it to the TTL), whatever the database or role sets.
 //!
 //! # Examples
 //!
@@ -174,7 +176,12 @@ impl PostgresBackend {
             // session sets its own timeout: the TTL), and its pool closes
             // idle ones itself: a server's `idle_session_timeout` would
             // only make the next statement fail on a closed connection.
-            .options([("idle_session_timeout", "0")]);
+            // Every statement is written for READ COMMITTED: a stricter
+            // default would fail contended ones with serialization errors.
+            .options([
+                ("idle_session_timeout", "0"),
+                ("default_transaction_isolation", "read committed"),
+            ]);
         // One connection first: a pool that cannot connect says only that it
         // timed out; the connection says why (refused, a bad password).
         let first = <sqlx::PgConnection as sqlx::Connection>::connect_with(&connect)
