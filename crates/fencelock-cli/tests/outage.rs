@@ -117,3 +117,39 @@ fn run_waiting_for_a_server_that_is_down_ends_by_its_wait_or_a_signal() {
         "SIGTERM was not honoured"
     );
 }
+
+/// A server that caps the TTL (ZooKeeper's `maxSessionTimeout=4000`): `run
+/// --ttl 30s` runs on the TTL the server granted, renews on it, and a job
+/// that outlives that TTL several times runs to its end, with nothing on
+/// stderr.
+#[test]
+fn run_holds_on_a_ttl_the_server_caps_for_a_long_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let zk = fencelock_testkit::zookeeper(&dir.path().join("zk"), "maxSessionTimeout=4000")
+        .expect("zookeeper starts (scripts/services.sh installs it)");
+    let url = format!("zk://127.0.0.1:{}", zk.port());
+    let done = dir.path().join("done");
+    let script = format!("sleep 12; echo $FENCELOCK_TOKEN > {}", done.display());
+    // A JVM just started may take a while to take sessions: --wait covers it.
+    let out = fencelock(&[
+        "run",
+        "--backend",
+        &url,
+        "--key",
+        "k",
+        "--ttl",
+        "30s",
+        "--wait",
+        "60s",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ])
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "stderr: {stderr}");
+    assert!(done.exists(), "the job did not run to its end");
+    assert!(stderr.is_empty(), "stderr: {stderr}");
+}

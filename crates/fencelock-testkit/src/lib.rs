@@ -23,7 +23,7 @@ pub use flaky::FlakyBackend;
 pub use holder::HolderProcess;
 pub use proxy::{FaultProxy, ProxyMode};
 pub use server::{
-    ServerProcess, account_ids, free_port, postgres_program, send_signal, wait_for_port,
+    ServerProcess, account_ids, free_port, postgres_program, send_signal, wait_for_port, zookeeper,
 };
 
 /// Re-exported for fault tests that signal processes.

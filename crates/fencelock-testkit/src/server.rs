@@ -230,6 +230,35 @@ impl ServerProcess {
     }
 }
 
+/// A standalone ZooKeeper server (the Debian package's jar) on a free port,
+/// with its data in `dir` and the given lines added to its `zoo.cfg`
+/// (`"maxSessionTimeout=4000"`); ticks are 500 ms.
+///
+/// # Errors
+///
+/// As [`ServerProcess::spawn`] (a JVM may take a minute to listen), or if
+/// `dir` cannot be written.
+pub fn zookeeper(dir: &std::path::Path, extra_config: &str) -> io::Result<ServerProcess> {
+    let port = free_port();
+    std::fs::create_dir_all(dir.join("data"))?;
+    let cfg = format!(
+        "tickTime=500\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n{extra_config}\n",
+        dir.join("data").display()
+    );
+    std::fs::write(dir.join("zoo.cfg"), cfg)?;
+    let mut cmd = Command::new("java");
+    cmd.args([
+        "-cp",
+        "/etc/zookeeper/conf_example:/usr/share/java/zookeeper.jar",
+    ])
+    .arg(format!("-Dzookeeper.log.dir={}", dir.display()))
+    .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
+    .arg(dir.join("zoo.cfg"))
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null());
+    ServerProcess::spawn("zookeeper", cmd, port, Duration::from_secs(60))
+}
+
 impl Drop for ServerProcess {
     fn drop(&mut self) {
         if let Some(pid) = self.pid() {

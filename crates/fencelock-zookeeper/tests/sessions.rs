@@ -6,31 +6,15 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fencelock_core::Locker;
-use fencelock_testkit::{FaultProxy, ServerProcess, free_port};
+use fencelock_testkit::{FaultProxy, ServerProcess};
 use fencelock_zookeeper::ZooKeeperBackend;
 
 /// A private standalone server with `maxSessionTimeout` = `max_session_ms`.
 fn private_zk(max_session_ms: u64) -> (ServerProcess, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let d = dir.path();
-    std::fs::create_dir_all(d.join("data")).unwrap();
-    let cfg = format!(
-        "tickTime=500\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\nmaxSessionTimeout={max_session_ms}\nadmin.enableServer=false\n",
-        d.join("data").display()
-    );
-    std::fs::write(d.join("zoo.cfg"), cfg).unwrap();
-    let mut cmd = Command::new("java");
-    cmd.args([
-        "-cp",
-        "/etc/zookeeper/conf_example:/usr/share/java/zookeeper.jar",
-    ])
-    .arg(format!("-Dzookeeper.log.dir={}", d.display()))
-    .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
-    .arg(d.join("zoo.cfg"))
-    .stdout(Stdio::null())
-    .stderr(Stdio::null());
-    let server = ServerProcess::spawn("zookeeper", cmd, port, Duration::from_secs(60)).unwrap();
+    let server =
+        fencelock_testkit::zookeeper(dir.path(), &format!("maxSessionTimeout={max_session_ms}"))
+            .unwrap();
     (server, dir)
 }
 
