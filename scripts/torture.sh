@@ -67,7 +67,7 @@ for t in "${targets[@]}"; do
         printf '%s\t%s\t%s\t%s\n' "$name" "$f" "$explained" "$line" >>"$out/results.tsv"
         # The violations the row's docs do not explain.
         unexplained=$(python3 -c 'import json,sys
-r = json.loads(sys.argv[1]); kinds = ["overlaps", "over_permits", "token_regressions", "superseded_writes_accepted", "lost_on_arrival", "stuck_waits"]
+r = json.loads(sys.argv[1]); kinds = ["overlaps", "over_permits", "token_regressions", "superseded_writes_accepted", "lost_on_arrival", "stuck_waits", "late_returns"]
 ok = sys.argv[2].split(":")[0].strip()
 print(sum(r[k] for k in kinds if k != ok))' "$line" "$explained")
         if [[ $rc -ne 0 && $unexplained -ne 0 ]] || [[ $rc -ne 0 && $rc -ne 1 ]]; then
@@ -86,7 +86,7 @@ print("Written by `scripts/torture.sh` (each campaign: 5 client processes, %s s 
 print("seeds in the table; rerun one with `fencelock torture … --faults F --seed S`). How to read it:")
 print("README, *Torture*; the definitions: ARCHITECTURE.md §8. *Explained* names the violations a")
 print("backend's docs say it cannot prevent; every other violation column must be 0.\n")
-print("| backend | faults | seed | grants | lost | faults injected | cancelled | overlaps | token regressions | superseded writes accepted | stale writes rejected | lost on arrival | stuck waits | longest recovery ms | longest unavailable ms | explained |")
+print("| backend | faults | seed | grants | lost | faults injected | cancelled | overlaps | token regressions | superseded writes accepted | stale writes rejected | lost on arrival | unavailable | longest recovery ms | longest unavailable ms | explained |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for name, faults, explained, js in rows:
     r = json.loads(js)
@@ -96,7 +96,7 @@ for name, faults, explained, js in rows:
         r["cancelled"], r["overlaps"] + r["over_permits"],
         r["token_regressions"] if r["fencing"] else "no tokens",
         r["superseded_writes_accepted"], r["stale_writes_rejected"], r["lost_on_arrival"],
-        r["stuck_waits"], r["max_recovery_ms"], r["max_unavailable_ms"], explained or "—"))
+        r["unavailable"], r["max_recovery_ms"], r["max_unavailable_ms"], explained or "—"))
 PY
     # The table replaces what comes before the marker; what follows it stays.
     marker='<!-- end of the table torture.sh writes -->'

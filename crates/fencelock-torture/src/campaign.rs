@@ -98,6 +98,8 @@ impl Report {
             "writes_accepted": f.writes_accepted,
             "lost_on_arrival": f.lost_on_arrival,
             "stuck_waits": f.stuck_waits,
+            "late_returns": f.late_returns,
+            "unavailable": f.unavailable(),
             "max_recovery_ms": f.max_recovery_ms,
             "max_unavailable_ms": f.max_unavailable_ms,
             "violations": f.violations(),
@@ -116,7 +118,7 @@ impl Report {
         let mut s = format!(
             "torture {} seed {} — {} clients, {:.0} s; faults: {}\n\
              grants {} (lost {}, timeouts {}, errors {}, cancelled {}); writes accepted {}, stale rejected {}\n\
-             overlaps {}  over-permits {}  token regressions {}  superseded writes accepted {}  lost on arrival {}  stuck waits {}\n\
+             overlaps {}  over-permits {}  token regressions {}  superseded writes accepted {}  lost on arrival {}  stuck waits {}  late returns {}\n\
              longest recovery after a fault {} ms; longest without a holder {} ms\n",
             self.url,
             self.seed,
@@ -140,6 +142,7 @@ impl Report {
             f.superseded_accepted,
             f.lost_on_arrival,
             f.stuck_waits,
+            f.late_returns,
             f.max_recovery_ms,
             f.max_unavailable_ms
         );

@@ -80,6 +80,9 @@ pub struct Findings {
     /// nobody held the key, and got nothing: a ghost holder, or a lost
     /// wake-up.
     pub stuck_waits: usize,
+    /// Acquires that returned more than [`LATE_BOUND`] after their wait ended
+    /// while their client was not paused: a waiter held past its deadline.
+    pub late_returns: usize,
     /// Pairs of incompatible holds of one key that overlapped.
     pub overlaps: usize,
     /// Moments a semaphore had more holders than permits.
@@ -104,14 +107,21 @@ pub struct Findings {
 
 impl Findings {
     /// Overlaps, permits exceeded, token regressions, superseded writes, late
-    /// guards and stuck waits — everything a correct lock never shows.
+    /// guards, stuck waits and late returns — everything a correct lock never
+    /// shows.
     pub fn violations(&self) -> usize {
         self.overlaps
             + self.over_permits
             + self.token_regressions
             + self.superseded_accepted
             + self.lost_on_arrival
-            + self.stuck_waits
+            + self.unavailable()
+    }
+
+    /// The availability violations: stuck waits (a free key not granted)
+    /// and late returns (a waiter held past its wait).
+    pub fn unavailable(&self) -> usize {
+        self.stuck_waits + self.late_returns
     }
 }
 
@@ -198,6 +208,7 @@ pub fn check(h: &History) -> Findings {
     }
     c.writes(&by_key);
     stuck_waits(h, &by_key, t0, &mut c.f);
+    late_returns(h, t0, &mut c.f);
     c.recovery(&by_key);
     c.f
 }
@@ -365,9 +376,59 @@ impl Checker<'_> {
 }
 
 /// How long after a fault heals (or a cancellation) its effects may last: a
-/// hold it orphaned expires within a TTL; waiters poll or wake within another.
+/// hold it orphaned expires within its server-side life (see [`life`]);
+/// waiters poll or wake within another.
 pub fn calm_after(ttl_ns: u128) -> u128 {
-    3 * ttl_ns + 5_000_000_000
+    3 * life(ttl_ns) + 5_000_000_000
+}
+
+/// The longest a hold of TTL `ttl_ns` may live on in a server after its last
+/// renewal, on any backend: whole seconds, rounded up, and 2 s more
+/// (memcached's items; ZooKeeper's sessions and etcd's leases count whole
+/// seconds too).
+pub fn life(ttl_ns: u128) -> u128 {
+    const S: u128 = 1_000_000_000;
+    ttl_ns.div_ceil(S) * S + 2 * S
+}
+
+/// How far past its wait an acquire may return: the library gives a backend
+/// that does not answer one second past the deadline (ARCHITECTURE.md §2,
+/// *Outages*); the rest is slack for a loaded machine.
+pub const LATE_BOUND: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Acquires that returned more than [`LATE_BOUND`] past their wait while
+/// their client was not paused (a paused process cannot return).
+fn late_returns(h: &History, t0: u128, f: &mut Findings) {
+    for (client, e) in &h.events {
+        let Event::Late {
+            at_ns,
+            key,
+            waited_ns,
+            wait_ns,
+        } = e
+        else {
+            continue;
+        };
+        let from = at_ns.saturating_sub(*waited_ns);
+        let paused = h.faults.iter().any(|x| {
+            x.kind == "pause" && x.target == *client && x.start_ns <= *at_ns && x.heal_ns >= from
+        });
+        if paused {
+            continue;
+        }
+        f.late_returns += 1;
+        let text = format!(
+            "late return on {key}: an acquire with a wait of {} ms returned after {} ms (+{}..+{} ms){}",
+            ms(*wait_ns),
+            ms(*waited_ns),
+            ms(from.saturating_sub(t0)),
+            ms(at_ns.saturating_sub(t0)),
+            faults_during(h, from, *at_ns, t0)
+        );
+        if f.examples.len() < EXAMPLES {
+            f.examples.push(text);
+        }
+    }
 }
 
 /// Timeouts of acquires that waited wholly in calm while no hold of the key
@@ -381,7 +442,7 @@ fn stuck_waits(h: &History, by_key: &BTreeMap<String, Vec<Hold>>, t0: u128, f: &
         .collect();
     // A cancelled acquire or release may leave a hold of its key that
     // nobody knows of, for its TTL.
-    let after_cancel = 2 * h.ttl_ns + 1_000_000_000;
+    let after_cancel = 2 * life(h.ttl_ns) + 1_000_000_000;
     let cancels: Vec<(&str, u128)> = h
         .events
         .iter()
@@ -605,6 +666,73 @@ mod tests {
             },
         ));
         assert_eq!(check(&h).stuck_waits, 0);
+    }
+
+    /// With a TTL under a second, a cancelled acquire's hold may live on in
+    /// memcached for a whole second and 2 more: a wait behind it is not stuck.
+    #[test]
+    fn a_short_ttls_window_covers_the_holds_life_in_the_server() {
+        const MS: u128 = 1_000_000;
+        let h = History {
+            events: vec![
+                (
+                    "c".into(),
+                    Event::Cancel {
+                        at_ns: 10_000 * MS,
+                        key: "k".into(),
+                        what: "acquire".into(),
+                    },
+                ),
+                (
+                    "w".into(),
+                    Event::Timeout {
+                        at_ns: 13_000 * MS,
+                        key: "k".into(),
+                        waited_ns: 500 * MS,
+                    },
+                ),
+            ],
+            ttl_ns: 500 * MS,
+            ..History::default()
+        };
+        let f = check(&h);
+        assert_eq!(f.stuck_waits, 0, "{:?}", f.examples);
+    }
+
+    #[test]
+    fn an_acquire_returning_long_after_its_wait_is_late_unless_its_client_was_paused() {
+        const S: u128 = 1_000_000_000;
+        let mut h = History {
+            events: vec![(
+                "w".into(),
+                Event::Late {
+                    at_ns: 20 * S,
+                    key: "k".into(),
+                    waited_ns: 10 * S,
+                    wait_ns: 2 * S,
+                },
+            )],
+            ttl_ns: S,
+            ..History::default()
+        };
+        let f = check(&h);
+        assert_eq!(
+            (f.late_returns, f.unavailable()),
+            (1, 1),
+            "{:?}",
+            f.examples
+        );
+        assert_eq!(f.violations(), 1);
+        // Another client's pause does not excuse it; its own does.
+        for (target, late) in [("x", 1), ("w", 0)] {
+            h.faults = vec![FaultRecord {
+                kind: "pause".into(),
+                target: target.into(),
+                start_ns: 12 * S,
+                heal_ns: 18 * S,
+            }];
+            assert_eq!(check(&h).late_returns, late, "pause of {target}");
+        }
     }
 
     #[test]

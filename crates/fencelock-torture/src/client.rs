@@ -165,7 +165,16 @@ pub async fn client(cfg: ClientConfig) -> u8 {
         } else {
             acquire.await
         };
-        Pace::observe(&mut pace.acquire, asked.elapsed());
+        let took = asked.elapsed();
+        Pace::observe(&mut pace.acquire, took);
+        if took > wait + crate::check::LATE_BOUND {
+            emit(&Event::Late {
+                at_ns: Hold::now_ns(),
+                key: key.clone(),
+                waited_ns: took.as_nanos(),
+                wait_ns: wait.as_nanos(),
+            });
+        }
         match got {
             Ok(guard) => {
                 let held = Held {

@@ -10,6 +10,9 @@
 //!   `WAITED_NS`;
 //! - `C NS KEY acquire|release` — the client dropped an acquire or a release
 //!   of `KEY` while it was in flight (cancellation);
+//! - `L NS KEY WAITED_NS WAIT_NS` — an acquire of `KEY` with a wait of
+//!   `WAIT_NS` returned (granted, timed out or failed) only after `WAITED_NS`,
+//!   more than [`crate::check::LATE_BOUND`] past its wait;
 //! - `X NS TEXT…` — an acquire or release failed otherwise.
 //!
 //! Times are nanoseconds of the shared wall clock ([`fencelock::Hold::now_ns`]),
@@ -65,6 +68,17 @@ pub enum Event {
         /// `acquire` or `release`.
         what: String,
     },
+    /// An acquire returned long after its wait had ended.
+    Late {
+        /// When it returned.
+        at_ns: u128,
+        /// The key.
+        key: String,
+        /// How long it took.
+        waited_ns: u128,
+        /// The wait it was given.
+        wait_ns: u128,
+    },
     /// An operation failed.
     Error {
         /// When.
@@ -105,6 +119,12 @@ impl Event {
                 waited_ns,
             } => format!("T {at_ns} {key} {waited_ns}"),
             Event::Cancel { at_ns, key, what } => format!("C {at_ns} {key} {what}"),
+            Event::Late {
+                at_ns,
+                key,
+                waited_ns,
+                wait_ns,
+            } => format!("L {at_ns} {key} {waited_ns} {wait_ns}"),
             Event::Error { at_ns, text } => format!("X {at_ns} {}", text.replace('\n', " ")),
         }
     }
@@ -148,6 +168,12 @@ impl Event {
                 at_ns: p.next()?.parse().ok()?,
                 key: p.next()?.to_string(),
                 what: p.next()?.to_string(),
+            }),
+            "L" => Some(Event::Late {
+                at_ns: p.next()?.parse().ok()?,
+                key: p.next()?.to_string(),
+                waited_ns: p.next()?.parse().ok()?,
+                wait_ns: p.next()?.parse().ok()?,
             }),
             "X" => {
                 let at_ns = p.next()?.parse().ok()?;
@@ -200,6 +226,12 @@ mod tests {
                 at_ns: 5,
                 key: "t/rw".into(),
                 what: "release".into(),
+            },
+            Event::Late {
+                at_ns: 9,
+                key: "t/sem".into(),
+                waited_ns: 8,
+                wait_ns: 2,
             },
             Event::Error {
                 at_ns: 4,
