@@ -32,17 +32,17 @@ trap 'rm -rf "$out"' EXIT
 # (a JSON field of the report), a colon, and why; every other kind fails the run
 targets=(
     "sqlite|--backend sqlite://$out/torture.db|pause,kill,clock|"
-    "redis|--spawn redis|pause,kill,partition,lost-reply,latency,clock,restart|"
+    "redis|--spawn redis|pause,kill,partition,freeze,lost-reply,latency,clock,restart|"
     "redis (empty restart)|--spawn redis|restart-empty|overlaps: an empty restart loses the grant (README: exclusion holds while Redis keeps its data)"
     "redis cluster|--backend redis+cluster://127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103|pause,kill,clock|"
-    "redlock (5)|--spawn redlock|pause,kill,partition,lost-reply,latency,clock,restart,restart-empty,minority,majority|"
-    "postgres lease|--spawn postgres-lease|pause,kill,partition,lost-reply,latency,clock,restart|"
-    "postgres advisory|--spawn postgres-advisory|pause,kill,partition,lost-reply,latency,clock,restart|overlaps: a connection reset frees the lock before its holder learns it (README: tokens still fence it)"
-    "mysql lease|--spawn mysql-lease|pause,kill,partition,lost-reply,latency,clock,restart|"
-    "mysql get_lock|--spawn mysql-get-lock|pause,kill,partition,lost-reply,latency,clock,restart|overlaps: a connection reset frees the lock before its holder learns it (README: tokens still fence it)"
-    "zookeeper (3)|--spawn zookeeper|pause,kill,partition,lost-reply,latency,clock,restart,leader,minority,majority|"
-    "etcd (3)|--spawn etcd|pause,kill,partition,lost-reply,latency,clock,restart,leader,minority,majority|"
-    "memcached|--spawn memcached|pause,kill,partition,lost-reply,latency,clock|superseded_writes_accepted: memcached gives no fencing tokens"
+    "redlock (5)|--spawn redlock|pause,kill,partition,freeze,lost-reply,latency,clock,restart,restart-empty,minority,majority|"
+    "postgres lease|--spawn postgres-lease|pause,kill,partition,freeze,lost-reply,latency,clock,restart|"
+    "postgres advisory|--spawn postgres-advisory|pause,kill,partition,freeze,lost-reply,latency,clock,restart|overlaps: a connection reset frees the lock before its holder learns it (README: tokens still fence it)"
+    "mysql lease|--spawn mysql-lease|pause,kill,partition,freeze,lost-reply,latency,clock,restart|"
+    "mysql get_lock|--spawn mysql-get-lock|pause,kill,partition,freeze,lost-reply,latency,clock,restart|overlaps: a connection reset frees the lock before its holder learns it (README: tokens still fence it)"
+    "zookeeper (3)|--spawn zookeeper|pause,kill,partition,freeze,lost-reply,latency,clock,restart,leader,minority,majority|"
+    "etcd (3)|--spawn etcd|pause,kill,partition,freeze,lost-reply,latency,clock,restart,leader,minority,majority|"
+    "memcached|--spawn memcached|pause,kill,partition,freeze,lost-reply,latency,clock|superseded_writes_accepted: memcached gives no fencing tokens"
 )
 
 status=0

@@ -153,3 +153,58 @@ fn run_holds_on_a_ttl_the_server_caps_for_a_long_job() {
     assert!(done.exists(), "the job did not run to its end");
     assert!(stderr.is_empty(), "stderr: {stderr}");
 }
+
+/// Another process keeps the SQLite file's write lock (a process stopped
+/// inside its transaction): `run --wait` ends by its wait with "not
+/// acquired" (75), and stderr tells the real cause.
+#[test]
+fn a_sqlite_file_kept_busy_ends_the_wait_in_time_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("locks.db");
+    let url = format!("sqlite://{}", db.display());
+    let out = fencelock(&["run", "--backend", &url, "--key", "k", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    // Python's sqlite3 holds a write transaction open, as a stopped process would.
+    let mut holder = Command::new("python3")
+        .args([
+            "-c",
+            "import sqlite3, sys, time\nc = sqlite3.connect(sys.argv[1], isolation_level=None)\nc.execute('BEGIN IMMEDIATE')\nprint('in', flush=True)\ntime.sleep(60)",
+        ])
+        .arg(&db)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "in");
+    let start = Instant::now();
+    let out = fencelock(&[
+        "run",
+        "--backend",
+        &url,
+        "--key",
+        "k",
+        "--wait",
+        "3s",
+        "--",
+        "true",
+    ])
+    .output()
+    .unwrap();
+    let took = start.elapsed();
+    let _ = holder.kill();
+    let _ = holder.wait();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(75), "stderr: {stderr}");
+    assert!(
+        stderr.contains("kept the lock file busy"),
+        "stderr: {stderr}"
+    );
+    assert!(took < Duration::from_secs(15), "ended after {took:?}");
+}

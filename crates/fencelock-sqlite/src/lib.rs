@@ -224,6 +224,20 @@ impl SqliteBackend {
         self.on_file(true, |c, _| f(c)).await.map(|(t, _)| t)
     }
 
+    /// [`Backend::try_acquire`] waiting at most `busy` for another
+    /// process's write to the file.
+    async fn try_within(&self, req: &Request, busy: Duration) -> Result<Option<Grant>> {
+        let r = req.clone();
+        let (granted, current) = self
+            .on_file(true, move |c, _| store::try_acquire(c, &r, busy))
+            .await?;
+        // A grant in a file that was replaced meanwhile is worth nothing.
+        let granted = granted.filter(|_| current == Current::Yes);
+        // Valid from the transaction that set the expiry, not from the call:
+        // another process may have kept the file's write lock meanwhile.
+        Ok(granted.map(|(token, holds, began)| Grant::new(Some(token), req.ttl, holds, began)))
+    }
+
     /// Runs `f` on the lock file at the path, and says whether that file was
     /// this backend's throughout: one deleted, replaced or given a second name
     /// since it was opened is opened anew first if `reopen` (the holds in the
@@ -286,16 +300,7 @@ impl Backend for SqliteBackend {
     }
 
     async fn try_acquire(&self, req: &Request) -> Result<Option<Grant>> {
-        let r = req.clone();
-        let busy = self.inner.busy_timeout;
-        let (granted, current) = self
-            .on_file(true, move |c, _| store::try_acquire(c, &r, busy))
-            .await?;
-        // A grant in a file that was replaced meanwhile is worth nothing.
-        let granted = granted.filter(|_| current == Current::Yes);
-        // Valid from the transaction that set the expiry, not from the call:
-        // another process may have kept the file's write lock meanwhile.
-        Ok(granted.map(|(token, holds, began)| Grant::new(Some(token), req.ttl, holds, began)))
+        self.try_within(req, self.inner.busy_timeout).await
     }
 
     async fn acquire(&self, req: &Request, deadline: Option<Instant>) -> Result<Option<Grant>> {
@@ -315,7 +320,17 @@ impl Backend for SqliteBackend {
                         });
                     }
                 }
-                Ok(TryOutcome::from_try(self.try_acquire(req).await?))
+                // Another process's write may keep the file busy: wait for
+                // it no longer than the wait has left.
+                let busy = match deadline {
+                    Some(d) => self
+                        .inner
+                        .busy_timeout
+                        .min(d.saturating_duration_since(Instant::now()))
+                        .max(Duration::from_millis(1)),
+                    None => self.inner.busy_timeout,
+                };
+                Ok(TryOutcome::from_try(self.try_within(req, busy).await?))
             },
         )
         .await

@@ -368,14 +368,39 @@ fn open_once(path: &Path, options: &SqliteOptions) -> std::result::Result<Connec
     };
     conn.execute_batch(&format!("PRAGMA synchronous={sync};"))
         .map_err(conn_err)?;
+    // A file in use has its schema and clock already: a read says so, and
+    // the write lock (which another process may keep) is not needed.
+    if ready(&conn) {
+        return Ok(conn);
+    }
     let mut conn = conn;
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(conn_err)?;
     tx.execute_batch(SCHEMA).map_err(conn_err)?;
     align_clock(&tx).map_err(OpenError::Other)?;
+    tx.pragma_update(None, "user_version", SCHEMA_VERSION)
+        .map_err(conn_err)?;
     tx.commit().map_err(conn_err)?;
     Ok(conn)
+}
+
+/// The version of [`SCHEMA`], kept in the file's `user_version`: raise it
+/// whenever the schema changes, so that files of earlier versions are set
+/// up anew.
+const SCHEMA_VERSION: i64 = 1;
+
+/// Whether the file has this version's schema and this boot's clock.
+fn ready(conn: &Connection) -> bool {
+    let version: rusqlite::Result<i64> = conn.query_row("PRAGMA user_version", [], |r| r.get(0));
+    if version.ok() != Some(SCHEMA_VERSION) {
+        return false;
+    }
+    let clock: rusqlite::Result<String> =
+        conn.query_row("SELECT v FROM fencelock_meta WHERE k = 'clock'", [], |r| {
+            r.get(0)
+        });
+    matches!((clock, ExpiryClock::epoch()), (Ok(theirs), Ok(ours)) if theirs == ours)
 }
 
 fn immediate(conn: &mut Connection) -> Result<Transaction<'_>> {
@@ -467,11 +492,13 @@ pub(crate) fn try_acquire(
     busy_timeout: Duration,
 ) -> Result<Option<Granted>> {
     busy_timeout_for(conn, busy_timeout, req.ttl)?;
-    let tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
-        Ok(tx) => tx,
-        Err(e) if is_busy(&e) => return Ok(None),
-        Err(e) => return Err(db_err(e)),
-    };
+    let begun = conn.transaction_with_behavior(TransactionBehavior::Immediate);
+    if matches!(&begun, Err(e) if is_busy(e)) {
+        drop(begun);
+        kept_busy(conn, busy_timeout.min(req.ttl / 3));
+        return Ok(None);
+    }
+    let tx = begun.map_err(db_err)?;
     align_clock(&tx)?;
     let began = tokio::time::Instant::now();
     let now = now_ms();
@@ -479,8 +506,24 @@ pub(crate) fn try_acquire(
     let granted = grant(&tx, req, now)?;
     match tx.commit() {
         Ok(()) => Ok(granted.map(|(t, h)| (t, h, began))),
-        Err(e) if is_busy(&e) => Ok(None),
+        Err(e) if is_busy(&e) => {
+            kept_busy(conn, busy_timeout.min(req.ttl / 3));
+            Ok(None)
+        }
         Err(e) => Err(db_err(e)),
+    }
+}
+
+/// Says that another process kept the file's write lock for `waited` (a
+/// live one holds it for milliseconds): a wait that then ends says
+/// "not acquired", and this line tells the real cause.
+fn kept_busy(conn: &Connection, waited: Duration) {
+    if waited >= Duration::from_secs(1) {
+        tracing::warn!(
+            file = conn.path().unwrap_or("?"),
+            "another process kept the lock file busy for {} (a transaction of a process that is stopped or stuck holds it until the process resumes or ends); waiting on",
+            humantime::format_duration(waited)
+        );
     }
 }
 

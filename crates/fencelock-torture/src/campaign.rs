@@ -190,6 +190,7 @@ struct Slot {
 /// How to undo an active fault.
 enum Heal {
     Cont(usize),
+    Thaw(usize),
     Restore(usize),
     CutRestore(usize),
     NoLatency(usize),
@@ -569,6 +570,7 @@ impl Campaign {
         let now = Instant::now();
         let (target, heal, last) = match kind {
             FaultKind::Pause => self.pause(rng)?,
+            FaultKind::Freeze => self.freeze(rng)?,
             FaultKind::Kill => self.kill(rng).await?,
             FaultKind::Partition | FaultKind::LostReply | FaultKind::Latency => {
                 self.network(kind, rng)?
@@ -602,6 +604,27 @@ impl Campaign {
         Some((
             c.name.clone(),
             Heal::Cont(i),
+            Self::rng_dur(rng, ttl, 1.2, 2.5),
+        ))
+    }
+
+    /// A frozen VM: the client's proxies hold what it sends next, and the
+    /// client is SIGSTOPped, past its TTL.
+    fn freeze(&mut self, rng: &mut fastrand::Rng) -> Option<(String, Heal, Duration)> {
+        let ttl = self.cfg.ttl;
+        let i = self.pick(rng, true, true)?;
+        let s = &mut self.slots[i];
+        let pid = s.client.child.id()?;
+        s.proxies.iter().for_each(FaultProxy::blackhole);
+        if send_signal(pid, Signal::SIGSTOP).is_err() {
+            s.proxies.iter().for_each(FaultProxy::restore);
+            return None;
+        }
+        s.busy = true;
+        s.client.stopped = true;
+        Some((
+            s.client.name.clone(),
+            Heal::Thaw(i),
             Self::rng_dur(rng, ttl, 1.2, 2.5),
         ))
     }
@@ -722,6 +745,15 @@ impl Campaign {
 
     async fn heal(&mut self, mut a: Active) -> FaultRecord {
         match a.heal {
+            Heal::Thaw(i) => {
+                let s = &mut self.slots[i];
+                s.proxies.iter().for_each(FaultProxy::restore);
+                if let Some(pid) = s.client.child.id() {
+                    let _ = send_signal(pid, Signal::SIGCONT);
+                }
+                s.client.stopped = false;
+                s.busy = false;
+            }
             Heal::Cont(i) => {
                 let c = &mut self.slots[i].client;
                 if let Some(pid) = c.child.id() {

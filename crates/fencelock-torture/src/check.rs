@@ -81,7 +81,8 @@ pub struct Findings {
     /// wake-up.
     pub stuck_waits: usize,
     /// Acquires that returned more than [`LATE_BOUND`] after their wait ended
-    /// while their client was not paused: a waiter held past its deadline.
+    /// while their client was not paused or frozen: a waiter held past its
+    /// deadline.
     pub late_returns: usize,
     /// Pairs of incompatible holds of one key that overlapped.
     pub overlaps: usize,
@@ -397,7 +398,7 @@ pub fn life(ttl_ns: u128) -> u128 {
 pub const LATE_BOUND: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Acquires that returned more than [`LATE_BOUND`] past their wait while
-/// their client was not paused (a paused process cannot return).
+/// their client was not paused or frozen (a stopped process cannot return).
 fn late_returns(h: &History, t0: u128, f: &mut Findings) {
     for (client, e) in &h.events {
         let Event::Late {
@@ -411,7 +412,10 @@ fn late_returns(h: &History, t0: u128, f: &mut Findings) {
         };
         let from = at_ns.saturating_sub(*waited_ns);
         let paused = h.faults.iter().any(|x| {
-            x.kind == "pause" && x.target == *client && x.start_ns <= *at_ns && x.heal_ns >= from
+            matches!(x.kind.as_str(), "pause" | "freeze")
+                && x.target == *client
+                && x.start_ns <= *at_ns
+                && x.heal_ns >= from
         });
         if paused {
             continue;

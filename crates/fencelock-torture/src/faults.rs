@@ -16,6 +16,10 @@ pub enum FaultKind {
     LostReply,
     /// The proxies delay every chunk by 20–300 ms.
     Latency,
+    /// A frozen VM: a client's proxies hold its next request on every
+    /// connection (a statement boundary: inside a transaction if one is
+    /// open) and the client is SIGSTOPped, past its TTL; both heal at once.
+    Freeze,
     /// A client's wall clock, as fencelock reads it, is off by up to ±5 s.
     Clock,
     /// A server (one member) is SIGKILLed and restarted with its data.
@@ -32,12 +36,13 @@ pub enum FaultKind {
 
 impl FaultKind {
     /// Every kind with its name.
-    pub const ALL: [(&'static str, FaultKind); 11] = [
+    pub const ALL: [(&'static str, FaultKind); 12] = [
         ("pause", FaultKind::Pause),
         ("kill", FaultKind::Kill),
         ("partition", FaultKind::Partition),
         ("lost-reply", FaultKind::LostReply),
         ("latency", FaultKind::Latency),
+        ("freeze", FaultKind::Freeze),
         ("clock", FaultKind::Clock),
         ("restart", FaultKind::Restart),
         ("restart-empty", FaultKind::RestartEmpty),
@@ -93,13 +98,13 @@ impl FaultKind {
         use SpawnKind as S;
         match self {
             Pause | Kill | Clock => None,
-            Partition | LostReply | Latency if cluster_topology => {
+            Partition | LostReply | Latency | Freeze if cluster_topology => {
                 Some("Redis Cluster clients follow the topology around the proxies")
             }
-            Partition | LostReply | Latency if !proxied => {
+            Partition | LostReply | Latency | Freeze if !proxied => {
                 Some("the backend has no network server")
             }
-            Partition | LostReply | Latency => None,
+            Partition | LostReply | Latency | Freeze => None,
             _ if spawned.is_none() => {
                 Some("needs servers the tool started (--spawn); only a URL was given")
             }

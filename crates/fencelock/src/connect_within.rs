@@ -54,7 +54,7 @@ pub async fn connect_within(url: &str, wait: Option<Duration>) -> Result<Locker>
             .unwrap_or_else(|_| {
                 let took = Duration::from_millis((limit - tried_at).as_millis() as u64);
                 Err(Error::connection(
-                    "backend",
+                    crate::backend_name(url),
                     &redact_url(url),
                     format!("no answer within {took:?}"),
                 ))

@@ -117,6 +117,15 @@ const KNOWN: &[(&str, &[&str], &str)] = &[
     ("memcached", &["memcached"], "memcached"),
 ];
 
+/// The name of the backend `url`'s scheme names ("backend" if none).
+fn backend_name(url: &str) -> &'static str {
+    let scheme = url.trim().split_once("://").map_or("", |(s, _)| s);
+    KNOWN
+        .iter()
+        .find(|(_, schemes, _)| schemes.iter().any(|s| s.eq_ignore_ascii_case(scheme)))
+        .map_or("backend", |(name, ..)| name)
+}
+
 /// The backends compiled into this build, by name.
 pub fn compiled_backends() -> Vec<&'static str> {
     drivers().iter().map(|d| d.name).collect()
