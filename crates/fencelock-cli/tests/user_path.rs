@@ -404,3 +404,114 @@ fn a_key_with_an_emoji_works_everywhere() {
         )
     });
 }
+
+/// `url` with every `127.0.0.1:PORT` in it replaced by a fault proxy's
+/// address in front of that port; the proxies run on `rt`.
+fn proxied(
+    rt: &tokio::runtime::Runtime,
+    url: &str,
+) -> Result<(String, Vec<fencelock_testkit::FaultProxy>), String> {
+    let mut out = url.to_string();
+    let mut proxies = Vec::new();
+    for part in url.split(['/', ',', '@', '?']) {
+        let Some(port) = part.strip_prefix("127.0.0.1:") else {
+            continue;
+        };
+        let port: u16 = port.parse().map_err(|_| format!("bad port in {url}"))?;
+        let proxy = rt
+            .block_on(fencelock_testkit::FaultProxy::start(
+                ([127, 0, 0, 1], port).into(),
+            ))
+            .map_err(|e| format!("proxy: {e}"))?;
+        out = out.replace(
+            &format!("127.0.0.1:{port}"),
+            &format!("127.0.0.1:{}", proxy.addr().port()),
+        );
+        proxies.push(proxy);
+    }
+    Ok((out, proxies))
+}
+
+/// The server stalls (a proxy that forwards nothing: a frozen server, a
+/// silent link), once while `run --wait 3s` waits and once before it
+/// connects: either way it returns within seconds of its wait, with 69 or
+/// 75, not after a driver's timeouts or never.
+#[test]
+fn a_stalled_server_cannot_hold_run_past_its_wait() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    each(|c, work| {
+        if c.name == "sqlite" {
+            return Ok(()); // no server
+        }
+        let (url, proxies) = proxied(&rt, &c.url)?;
+        let via = Config {
+            name: c.name,
+            url,
+            shared: c.shared,
+            permits: c.permits,
+        };
+        let bound = Duration::from_secs(15);
+        let ended = |child: Child, start: Instant, what: &str| -> Result<(), String> {
+            let (code, stderr) = finish(child, Duration::from_secs(60))?;
+            let took = start.elapsed();
+            if ![69, 75].contains(&code) || took > bound {
+                return Err(format!(
+                    "{what}: `run --wait 3s` ended after {took:?} with {code}; stderr {stderr:?}"
+                ));
+            }
+            Ok(())
+        };
+        // Redis Cluster clients follow the nodes' own addresses, around the
+        // proxies, once connected.
+        if c.name != "redis cluster" {
+            let k = key("stall", c);
+            let started = work.join("started");
+            let stop = work.join("stop");
+            let _ends = Ends(&stop);
+            let holder = spawn(
+                c,
+                &[
+                    "run",
+                    "--key",
+                    &k,
+                    "--",
+                    "sh",
+                    "-c",
+                    &hold_until(&started, &stop),
+                ],
+            )?;
+            wait_for(&started, Duration::from_secs(60))?;
+            let start = Instant::now();
+            let waiter = spawn(&via, &["run", "--key", &k, "--wait", "3s", "--", "true"])?;
+            std::thread::sleep(Duration::from_millis(1500));
+            proxies
+                .iter()
+                .for_each(fencelock_testkit::FaultProxy::blackhole);
+            let waited = ended(waiter, start, "stalled while waiting");
+            proxies
+                .iter()
+                .for_each(fencelock_testkit::FaultProxy::restore);
+            drop(_ends);
+            let (code, stderr) = finish(holder, Duration::from_secs(60))?;
+            expect(code, &stderr, "holder")?;
+            waited?;
+        }
+        proxies
+            .iter()
+            .for_each(fencelock_testkit::FaultProxy::blackhole);
+        let start = Instant::now();
+        let child = spawn(
+            &via,
+            &[
+                "run",
+                "--key",
+                &key("stall-connect", c),
+                "--wait",
+                "3s",
+                "--",
+                "true",
+            ],
+        )?;
+        ended(child, start, "stalled before the connect")
+    });
+}
