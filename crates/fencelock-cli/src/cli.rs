@@ -193,7 +193,9 @@ pub struct TortureArgs {
     /// The seed of every random choice [default: random, printed].
     #[arg(long)]
     pub seed: Option<u64>,
-    /// The TTL of every hold (short, so that faults bite).
+    /// The usual TTL of a hold (short, so that faults bite); each acquire
+    /// draws its own: this one half the time, else from a quarter of it (at
+    /// least 0.5s) to four times it.
     #[arg(long, default_value = "2s", value_parser = parse_duration, value_name = "DURATION")]
     pub ttl: Duration,
     /// Negative control: clients write on after their lease was lost.

@@ -38,7 +38,7 @@ pub struct Config {
     pub faults: Vec<FaultKind>,
     /// The seed of every random choice (fault times, targets, client choices).
     pub seed: u64,
-    /// The TTL of every hold.
+    /// The usual TTL of a hold (each acquire draws its own around it).
     pub ttl: Duration,
     /// Negative control: clients write on after their lease was lost.
     pub ignore_lost: bool,
@@ -262,7 +262,7 @@ pub async fn run(cfg: Config) -> io::Result<Report> {
     let started = Instant::now();
     c.inject(&faults, &mut records).await;
     // Let every lease settle after the last healing, then stop the clients.
-    tokio::time::sleep(c.cfg.ttl * 2).await;
+    tokio::time::sleep(c.cfg.ttl * crate::client::LONGEST_TTL).await;
     for i in 0..c.slots.len() {
         c.stop_client(i, false).await;
     }
@@ -360,7 +360,7 @@ impl Campaign {
             gone_ns: s.gone.clone(),
             writes: self.register.writes(),
             faults,
-            ttl_ns: self.cfg.ttl.as_nanos(),
+            ttl_ns: self.cfg.ttl.as_nanos() * u128::from(crate::client::LONGEST_TTL),
         }
     }
 }

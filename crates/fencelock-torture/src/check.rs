@@ -58,7 +58,8 @@ pub struct History {
     pub writes: Vec<Write>,
     /// The faults.
     pub faults: Vec<FaultRecord>,
-    /// The clients' TTL, in ns (how long a fault's effects may last).
+    /// The longest TTL a client may ask for, in ns (how long a server fault's
+    /// effects may last).
     pub ttl_ns: u128,
 }
 
@@ -376,6 +377,33 @@ impl Checker<'_> {
     }
 }
 
+/// The longest TTL a fault's effects may be measured in. A client does one
+/// thing at a time, so its last acquire asked before a fault of it began
+/// was for the hold it had or the request it had in flight: the longest of
+/// that one and those asked until the fault healed. For a server fault (or
+/// a client that asked nothing yet): the longest any client may ask for
+/// ([`History::ttl_ns`]).
+fn fault_ttl(h: &History, fault: &FaultRecord) -> u128 {
+    let client = fault.target.split_whitespace().next().unwrap_or("");
+    let mut before: Option<u128> = None;
+    let mut during: u128 = 0;
+    for (c, e) in &h.events {
+        if let Event::Ask { at_ns, ttl_ns, .. } = e
+            && c == client
+        {
+            if *at_ns <= fault.start_ns {
+                before = Some(*ttl_ns);
+            } else if *at_ns <= fault.heal_ns {
+                during = during.max(*ttl_ns);
+            }
+        }
+    }
+    match before {
+        Some(t) => t.max(during),
+        None => h.ttl_ns,
+    }
+}
+
 /// How long after a fault heals (or a cancellation) its effects may last: a
 /// hold it orphaned expires within its server-side life (see [`life`]);
 /// waiters poll or wake within another.
@@ -438,20 +466,20 @@ fn late_returns(h: &History, t0: u128, f: &mut Findings) {
 /// Timeouts of acquires that waited wholly in calm while no hold of the key
 /// existed (see [`Findings::stuck_waits`]).
 fn stuck_waits(h: &History, by_key: &BTreeMap<String, Vec<Hold>>, t0: u128, f: &mut Findings) {
-    let calm = calm_after(h.ttl_ns);
     let storms: Vec<(u128, u128)> = h
         .faults
         .iter()
-        .map(|x| (x.start_ns, x.heal_ns + calm))
+        .map(|x| (x.start_ns, x.heal_ns + calm_after(fault_ttl(h, x))))
         .collect();
     // A cancelled acquire or release may leave a hold of its key that
     // nobody knows of, for its TTL.
-    let after_cancel = 2 * life(h.ttl_ns) + 1_000_000_000;
-    let cancels: Vec<(&str, u128)> = h
+    let cancels: Vec<(&str, u128, u128)> = h
         .events
         .iter()
         .filter_map(|(_, e)| match e {
-            Event::Cancel { at_ns, key, .. } => Some((key.as_str(), *at_ns)),
+            Event::Cancel {
+                at_ns, key, ttl_ns, ..
+            } => Some((key.as_str(), *at_ns, 2 * life(*ttl_ns) + 1_000_000_000)),
             _ => None,
         })
         .collect();
@@ -468,7 +496,7 @@ fn stuck_waits(h: &History, by_key: &BTreeMap<String, Vec<Hold>>, t0: u128, f: &
         let stormy = storms.iter().any(|&(s, e)| s <= *at_ns && e >= from)
             || cancels
                 .iter()
-                .any(|&(k, c)| k == key && c <= *at_ns && c + after_cancel >= from);
+                .any(|&(k, c, after)| k == key && c <= *at_ns && c + after >= from);
         let held = by_key.get(key).is_some_and(|holds| {
             holds
                 .iter()
@@ -667,6 +695,7 @@ mod tests {
                 at_ns: 24 * S,
                 key: "k".into(),
                 what: "acquire".into(),
+                ttl_ns: S,
             },
         ));
         assert_eq!(check(&h).stuck_waits, 0);
@@ -685,6 +714,7 @@ mod tests {
                         at_ns: 10_000 * MS,
                         key: "k".into(),
                         what: "acquire".into(),
+                        ttl_ns: 500 * MS,
                     },
                 ),
                 (
@@ -737,6 +767,47 @@ mod tests {
             }];
             assert_eq!(check(&h).late_returns, late, "pause of {target}");
         }
+    }
+
+    /// A fault of a client is measured in the TTL of what it held or asked
+    /// for then, not in the longest TTL any client may ask for.
+    #[test]
+    fn a_client_faults_window_is_measured_in_its_own_ttl() {
+        const S: u128 = 1_000_000_000;
+        let history = |asked: u128| History {
+            events: vec![
+                (
+                    "c".into(),
+                    Event::Ask {
+                        at_ns: 0,
+                        key: "k".into(),
+                        ttl_ns: asked * S,
+                    },
+                ),
+                grant("c#1", "k", Mode::Exclusive, 1, S),
+                end("c#1", 3 * S),
+                (
+                    "w".into(),
+                    Event::Timeout {
+                        at_ns: 30 * S,
+                        key: "k".into(),
+                        waited_ns: 4 * S,
+                    },
+                ),
+            ],
+            faults: vec![FaultRecord {
+                kind: "pause".into(),
+                target: "c".into(),
+                start_ns: 2 * S,
+                heal_ns: 3 * S,
+            }],
+            ttl_ns: 8 * S,
+            ..History::default()
+        };
+        // Its hold of 8 s may outlive the pause by 3 lives + 5 s: excused.
+        assert_eq!(check(&history(8)).stuck_waits, 0);
+        // One of 1 s cannot explain a wait 23 s after the pause healed.
+        assert_eq!(check(&history(1)).stuck_waits, 1);
     }
 
     #[test]

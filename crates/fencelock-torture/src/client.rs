@@ -26,7 +26,8 @@ pub struct ClientConfig {
     pub name: String,
     /// The register's address.
     pub register: SocketAddr,
-    /// The TTL of every hold.
+    /// The usual TTL of a hold; each acquire draws its own around it (see
+    /// [`draw_ttl`]).
     pub ttl: Duration,
     /// The seed of this client's choices.
     pub seed: u64,
@@ -43,6 +44,23 @@ pub fn keys(prefix: &str) -> [String; 3] {
         format!("{prefix}/rw"),
         format!("{prefix}/sem"),
     ]
+}
+
+/// How many times the usual TTL the longest drawn TTL is.
+pub const LONGEST_TTL: u32 = 4;
+
+/// The TTL of one acquire: the usual one half the time, else one drawn
+/// between a quarter of it (at least 0.5 s) and [`LONGEST_TTL`] times it —
+/// as users set them, and above a server's cap (a ZooKeeper session).
+pub fn draw_ttl(rng: &mut fastrand::Rng, usual: Duration) -> Duration {
+    match rng.u32(0..4) {
+        0 | 1 => usual,
+        2 => {
+            let lo = (usual / 4).max(Duration::from_millis(500)).min(usual);
+            lo + (usual - lo).mul_f64(rng.f64())
+        }
+        _ => usual + (usual * (LONGEST_TTL - 1)).mul_f64(rng.f64()),
+    }
 }
 
 /// Permits of the semaphore key.
@@ -128,9 +146,9 @@ pub async fn client(cfg: ClientConfig) -> u8 {
     let caps = locker.capabilities();
     let [kx, krw, ksem] = keys(&cfg.prefix);
     let mut rng = fastrand::Rng::with_seed(cfg.seed);
-    let ttl = cfg.ttl;
     let mut pace = Pace::new();
     for n in 0u64.. {
+        let ttl = draw_ttl(&mut rng, cfg.ttl);
         let roll = rng.u32(0..100);
         let nest = (roll < 55 && caps.reentrant && rng.u32(0..100) < NEST_PERCENT)
             .then(|| format!("{}-{n}", cfg.name));
@@ -144,7 +162,12 @@ pub async fn client(cfg: ClientConfig) -> u8 {
             85..100 if caps.semaphore => (&ksem, locker.semaphore(&ksem, PERMITS)),
             _ => (&kx, locker.lock(&kx)),
         };
-        let wait = ttl.mul_f64(1.0 + 2.0 * rng.f64());
+        let wait = cfg.ttl.mul_f64(1.0 + 2.0 * rng.f64());
+        emit(&Event::Ask {
+            at_ns: Hold::now_ns(),
+            key: key.clone(),
+            ttl_ns: ttl.as_nanos(),
+        });
         let asked = Instant::now();
         let acquire = builder.ttl(ttl).wait(wait).acquire();
         // Now and then the acquire is dropped in flight, within a few round
@@ -158,6 +181,7 @@ pub async fn client(cfg: ClientConfig) -> u8 {
                         at_ns: Hold::now_ns(),
                         key: key.clone(),
                         what: "acquire".into(),
+                        ttl_ns: ttl.as_nanos(),
                     });
                     continue;
                 }
@@ -180,6 +204,7 @@ pub async fn client(cfg: ClientConfig) -> u8 {
                 let held = Held {
                     key,
                     hold: format!("{}#{n}", cfg.name),
+                    ttl,
                     guard,
                     nest: nest.map(|owner| (&locker, owner)),
                 };
@@ -309,6 +334,8 @@ struct Held<'a> {
     key: &'a str,
     /// `NAME#N`.
     hold: String,
+    /// The TTL asked for.
+    ttl: Duration,
     guard: Guard,
     /// The locker and the owner of a hold that nests a reentrant one.
     nest: Option<(&'a Locker, String)>,
@@ -326,6 +353,7 @@ async fn work(
     let Held {
         key,
         hold,
+        ttl,
         guard,
         nest,
     } = held;
@@ -339,7 +367,6 @@ async fn work(
     } else {
         1
     };
-    let ttl = cfg.ttl;
     // Once `lost` fired it is not polled again.
     let mut ended = false;
     if let Some((locker, owner)) = nest {
@@ -381,7 +408,7 @@ async fn work(
     if let Some((hold, lease)) = current().take() {
         emit_end(hold, &lease);
     }
-    release(cfg, rng, pace, key, guard).await;
+    release(rng, pace, key, ttl, guard).await;
 }
 
 /// Reports the grant of `hold` and makes it the current one; the task it
@@ -425,18 +452,12 @@ fn nap(rng: &mut fastrand::Rng, ttl: Duration) -> Duration {
 
 /// Releases `guard`. Now and then the release is dropped in flight (the
 /// guard's drop then queues another); otherwise it has two TTLs to answer.
-async fn release(
-    cfg: &ClientConfig,
-    rng: &mut fastrand::Rng,
-    pace: &mut Pace,
-    key: &str,
-    guard: Guard,
-) {
+async fn release(rng: &mut fastrand::Rng, pace: &mut Pace, key: &str, ttl: Duration, guard: Guard) {
     let cancel = rng.u32(0..100) < CANCEL_PERCENT;
     let budget = if cancel {
         Pace::budget(rng, pace.release)
     } else {
-        cfg.ttl * 2
+        ttl * 2
     };
     let sent = Instant::now();
     let released = tokio::time::timeout(budget, guard.release()).await;
@@ -448,6 +469,7 @@ async fn release(
             at_ns: Hold::now_ns(),
             key: key.to_string(),
             what: "release".into(),
+            ttl_ns: ttl.as_nanos(),
         }),
         Ok(Ok(())) | Ok(Err(Error::Lost { .. } | Error::NotHeld { .. })) => {}
         Ok(Err(e)) => emit(&Event::Error {

@@ -8,8 +8,11 @@
 //!   earliest of them (`END_NS` ≤ the deadline as last known);
 //! - `T NS KEY WAITED_NS` — an acquire of `KEY` gave up after waiting
 //!   `WAITED_NS`;
-//! - `C NS KEY acquire|release` — the client dropped an acquire or a release
-//!   of `KEY` while it was in flight (cancellation);
+//! - `A NS KEY TTL_NS` — an acquire of `KEY` with a TTL of `TTL_NS` was
+//!   asked (each acquire draws its TTL);
+//! - `C NS KEY acquire|release TTL_NS` — the client dropped an acquire or a
+//!   release of `KEY`, of a hold with a TTL of `TTL_NS`, while it was in
+//!   flight (cancellation);
 //! - `L NS KEY WAITED_NS WAIT_NS` — an acquire of `KEY` with a wait of
 //!   `WAIT_NS` returned (granted, timed out or failed) only after `WAITED_NS`,
 //!   more than [`crate::check::LATE_BOUND`] past its wait;
@@ -59,6 +62,15 @@ pub enum Event {
         /// How long it waited.
         waited_ns: u128,
     },
+    /// An acquire was asked.
+    Ask {
+        /// When.
+        at_ns: u128,
+        /// The key.
+        key: String,
+        /// The TTL asked for.
+        ttl_ns: u128,
+    },
     /// The client dropped an operation in flight.
     Cancel {
         /// When.
@@ -67,6 +79,8 @@ pub enum Event {
         key: String,
         /// `acquire` or `release`.
         what: String,
+        /// The TTL of the hold it was for.
+        ttl_ns: u128,
     },
     /// An acquire returned long after its wait had ended.
     Late {
@@ -118,7 +132,13 @@ impl Event {
                 key,
                 waited_ns,
             } => format!("T {at_ns} {key} {waited_ns}"),
-            Event::Cancel { at_ns, key, what } => format!("C {at_ns} {key} {what}"),
+            Event::Ask { at_ns, key, ttl_ns } => format!("A {at_ns} {key} {ttl_ns}"),
+            Event::Cancel {
+                at_ns,
+                key,
+                what,
+                ttl_ns,
+            } => format!("C {at_ns} {key} {what} {ttl_ns}"),
             Event::Late {
                 at_ns,
                 key,
@@ -164,10 +184,16 @@ impl Event {
                 key: p.next()?.to_string(),
                 waited_ns: p.next()?.parse().ok()?,
             }),
+            "A" => Some(Event::Ask {
+                at_ns: p.next()?.parse().ok()?,
+                key: p.next()?.to_string(),
+                ttl_ns: p.next()?.parse().ok()?,
+            }),
             "C" => Some(Event::Cancel {
                 at_ns: p.next()?.parse().ok()?,
                 key: p.next()?.to_string(),
                 what: p.next()?.to_string(),
+                ttl_ns: p.next()?.parse().ok()?,
             }),
             "L" => Some(Event::Late {
                 at_ns: p.next()?.parse().ok()?,
@@ -226,6 +252,12 @@ mod tests {
                 at_ns: 5,
                 key: "t/rw".into(),
                 what: "release".into(),
+                ttl_ns: 6,
+            },
+            Event::Ask {
+                at_ns: 5,
+                key: "t/x".into(),
+                ttl_ns: 2_000_000_000,
             },
             Event::Late {
                 at_ns: 9,
