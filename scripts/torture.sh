@@ -82,7 +82,7 @@ if ! $ci; then
 import json, sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
 print("# FAULTS — what `fencelock torture` measured\n")
-print("Written by `scripts/torture.sh` (each campaign: 5 client processes, %s s of faults, TTL 2 s;" % sys.argv[2])
+print("Written by `scripts/torture.sh` (each campaign: 5 client processes, %s s of faults, TTLs drawn per acquire around 2 s;" % sys.argv[2])
 print("seeds in the table; rerun one with `fencelock torture … --faults F --seed S`). How to read it:")
 print("README, *Torture*; the definitions: ARCHITECTURE.md §8. *Explained* names the violations a")
 print("backend's docs say it cannot prevent; every other violation column must be 0.\n")
