@@ -56,8 +56,29 @@ pub(crate) fn unsupported_or(e: &Error, backend: &str) -> u8 {
     exit::report(e)
 }
 
+/// How long `status` and `list` give the backend to answer: a server that
+/// does not (a frozen one, a silent link) ends them with 69.
+const ANSWER: std::time::Duration = std::time::Duration::from_secs(10);
+
 async fn connect(url: &str) -> Result<Locker, u8> {
-    fencelock::connect(url).await.map_err(|e| exit::report(&e))
+    fencelock::connect_within(url, Some(ANSWER))
+        .await
+        .map_err(|e| exit::report(&e))
+}
+
+/// `ask`, or a connection error if the backend has not answered within
+/// [`ANSWER`].
+async fn answered<T>(
+    locker: &Locker,
+    ask: impl std::future::Future<Output = fencelock::Result<T>>,
+) -> fencelock::Result<T> {
+    tokio::time::timeout(ANSWER, ask).await.unwrap_or_else(|_| {
+        Err(fencelock::Error::connection(
+            locker.backend().name(),
+            &locker.backend().address(),
+            format!("no answer within {}", humantime::format_duration(ANSWER)),
+        ))
+    })
 }
 
 pub async fn status(args: StatusArgs) -> u8 {
@@ -73,7 +94,7 @@ pub async fn status(args: StatusArgs) -> u8 {
         return exit::USAGE;
     };
     if args.json {
-        return match locker.inspect(key).await {
+        return match answered(&locker, locker.inspect(key)).await {
             Ok(info) => {
                 let infos: Vec<LockInfo> = info.into_iter().collect();
                 out!("{}", crate::watch::json(&infos));
@@ -82,7 +103,7 @@ pub async fn status(args: StatusArgs) -> u8 {
             Err(e) => unsupported_or(&e, name),
         };
     }
-    match locker.inspect(key).await {
+    match answered(&locker, locker.inspect(key)).await {
         Ok(None) => {
             out!("{key}: free (never locked)");
             0
@@ -106,7 +127,7 @@ pub async fn list(args: ListArgs) -> u8 {
         Err(code) => return code,
     };
     let name = locker.backend().name();
-    match locker.list(&args.prefix).await {
+    match answered(&locker, locker.list(&args.prefix)).await {
         Ok(infos) if infos.is_empty() => {
             out!(
                 "no held locks{}",

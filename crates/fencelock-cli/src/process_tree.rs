@@ -343,7 +343,14 @@ fn watch_child(pid: Pid, events: &mpsc::UnboundedSender<Event>) {
 /// only this process writes to.
 fn spawn_reaper(pgid: Pid) -> std::io::Result<(Child, std::io::PipeWriter)> {
     let (reader, writer) = std::io::pipe()?;
-    let child = Command::new(std::env::current_exe()?)
+    // The running program itself, even if its file was replaced since (an
+    // upgrade while `run` waited): Linux keeps it reachable there.
+    let exe = if cfg!(target_os = "linux") {
+        std::path::PathBuf::from("/proc/self/exe")
+    } else {
+        std::env::current_exe()?
+    };
+    let child = Command::new(exe)
         .arg("__reap")
         .arg(pgid.as_raw().to_string())
         .stdin(Stdio::from(reader))

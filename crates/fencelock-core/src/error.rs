@@ -38,7 +38,7 @@ pub enum Error {
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
     /// The lock was not acquired within the wait the caller allowed.
-    #[error("lock {key:?} not acquired within {}; another holder has it (raise the wait, or check `fencelock status {key}`)", humanize(*.waited))]
+    #[error("lock {key:?} not acquired within {}; it stayed held, or the backend kept the request waiting (check `fencelock status {key}`, or raise the wait)", humanize(*.waited))]
     Timeout {
         /// The key that was busy.
         key: String,

@@ -201,6 +201,13 @@ fn with_suffix(path: &Path, suffix: &str) -> std::path::PathBuf {
 /// not exclude each other.
 fn one_name(path: &Path, meta: &std::fs::Metadata) -> std::result::Result<(), String> {
     use std::os::unix::fs::MetadataExt;
+    if meta.is_dir() {
+        return Err(format!(
+            "{} is a directory; name a file in it (sqlite://{}/locks.db)",
+            path.display(),
+            path.display()
+        ));
+    }
     match meta.nlink() {
         0 => Err(format!("the lock file {} was deleted", path.display())),
         1 => Ok(()),
@@ -336,7 +343,13 @@ fn open_once(path: &Path, options: &SqliteOptions) -> std::result::Result<Connec
     let addr = format!("sqlite://{}", path.display());
     let conn_err = |e: rusqlite::Error| {
         if is_busy(&e) {
-            OpenError::Busy(Error::connection(NAME, &addr, e))
+            OpenError::Busy(Error::connection(
+                NAME,
+                &addr,
+                format!(
+                    "{e}: another process keeps the file's write lock (a transaction of a stopped process holds it until the process resumes or ends)"
+                ),
+            ))
         } else {
             OpenError::Other(Error::connection(NAME, &addr, e).lasting())
         }

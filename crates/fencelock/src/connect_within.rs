@@ -75,5 +75,9 @@ pub async fn connect_within(url: &str, wait: Option<Duration>) -> Result<Locker>
             Backoff::new(Duration::from_millis(100), Duration::from_secs(5))
         });
         backoff.sleep(deadline, None).await;
+        // The wait ended while asleep: the last error says why.
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(e);
+        }
     }
 }
