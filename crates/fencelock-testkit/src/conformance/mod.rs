@@ -69,6 +69,13 @@ pub trait Harness: Send + Sync + 'static {
     fn contention_cycles(&self) -> usize {
         320
     }
+
+    /// Whether a reentrant acquire may answer a larger token than the hold
+    /// it adds to (Redlock: an instance that missed the first hold grants it
+    /// anew). Default `false`: the token stays.
+    fn reentrant_token_may_rise(&self) -> bool {
+        false
+    }
 }
 
 /// How one case ended.
