@@ -27,7 +27,7 @@ pub struct ClientConfig {
     /// The register's address.
     pub register: SocketAddr,
     /// The usual TTL of a hold; each acquire draws its own around it (see
-    /// [`draw_ttl`]).
+    /// `draw_ttl`).
     pub ttl: Duration,
     /// The seed of this client's choices.
     pub seed: u64,
