@@ -40,6 +40,14 @@
 //! Shared and semaphore modes are not offered: one item cannot keep several
 //! holders with their own expiry atomically.
 //!
+//! # Listing
+//!
+//! `list` (`fencelock list`) walks every item with memcached's LRU crawler
+//! (`lru_crawler metadump`), slow on a big cache. The crawler serves one walk
+//! at a time; a list that finds it busy asks again for up to 10 s. The crawler
+//! skips an item another client touches at that instant (a renewal, a read), so
+//! a list can miss a held key now and then; `status KEY` reads the key itself.
+//!
 //! # Examples
 //!
 //! ```
@@ -595,24 +603,42 @@ impl Backend for MemcachedBackend {
         Ok(Some(LockInfo::new(key.as_str(), holders, None)))
     }
 
-    /// Walks every item of the server (memcached's LRU crawler, `lru_crawler
-    /// metadump`): fine for an operator's `fencelock list`, slow on a big cache.
+    /// Walks every item of the server (see *Listing* in the crate docs).
     async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
         let ours = self.inner.options.prefix.as_bytes();
-        let names = self
-            .with_client(async |c| {
-                let mut names = Vec::new();
-                let mut dump = c.dump_keys().await?;
-                while let Some(entry) = dump.next().await {
-                    // The crawler prints names URI-encoded.
-                    let name = percent_decode(&entry?.key);
-                    if name.starts_with(ours) {
-                        names.push(name);
+        let busy_until = Instant::now() + CRAWLER_BUSY;
+        let names = loop {
+            let walked = self
+                .with_client(async |c| {
+                    let mut names = Vec::new();
+                    let mut dump = c.dump_keys().await?;
+                    while let Some(entry) = dump.next().await {
+                        match entry {
+                            // The crawler prints names URI-encoded.
+                            Ok(entry) => names.push(percent_decode(&entry.key)),
+                            Err(e) if crawler_busy(&e) => return Ok(None),
+                            Err(e) => return Err(e),
+                        }
                     }
+                    Ok(Some(names))
+                })
+                .await?;
+            match walked {
+                Some(names) => break names,
+                None if Instant::now() < busy_until => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                 }
-                Ok(names)
-            })
-            .await?;
+                None => {
+                    return Err(Error::backend(
+                        NAME,
+                        format!(
+                            "memcached's LRU crawler stayed busy with other walks for {CRAWLER_BUSY:?}"
+                        ),
+                    ));
+                }
+            }
+        };
+        let names = names.into_iter().filter(|n| n.starts_with(ours));
         let mut out = Vec::new();
         for name in names {
             let Ok(name) = String::from_utf8(name) else {
@@ -632,6 +658,14 @@ impl Backend for MemcachedBackend {
         out.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(out)
     }
+}
+
+/// How long `list` asks again while the LRU crawler serves other walks.
+const CRAWLER_BUSY: Duration = Duration::from_secs(10);
+
+/// True if the crawler refused a walk because it is serving another.
+fn crawler_busy(e: &async_memcached::Error) -> bool {
+    matches!(e, async_memcached::Error::Protocol(Status::Error(async_memcached::ErrorKind::Generic(m))) if m.starts_with("BUSY"))
 }
 
 /// The outcome of a meta set asked to return the CAS value: `None` if not
