@@ -214,3 +214,10 @@ async fn a_waiter_waits_through_a_server_restart() {
         "the waiter gave up during the restart: {got:?}"
     );
 }
+
+/// A silent server (a frozen VM, a cut cable) cannot keep a waiter past its
+/// wait, nor a connect running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_server_cannot_hold_a_waiter_past_its_wait() {
+    faults::a_stalled_server_cannot_hold_a_waiter_past_its_deadline(&Etcd, SHARED).await;
+}

@@ -185,3 +185,14 @@ async fn a_frozen_server_cannot_hold_a_waiter_or_a_release_past_its_limits() {
     assert!(released.is_err(), "a release on a frozen server succeeded");
     server.resume().unwrap();
 }
+
+/// A silent server (a frozen VM, a cut cable) cannot keep a waiter past its
+/// wait, nor a connect running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_server_cannot_hold_a_waiter_past_its_wait() {
+    faults::a_stalled_server_cannot_hold_a_waiter_past_its_deadline(
+        &Memcached,
+        "memcached://127.0.0.1:11211",
+    )
+    .await;
+}

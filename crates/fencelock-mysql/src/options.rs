@@ -23,6 +23,7 @@ pub enum MyMode {
 /// |---|---|---|
 /// | `mode=lease\|get_lock` | `lease` | how locks are kept |
 /// | `ttl=` | 30 s | default TTL of holds |
+/// | `connect_timeout=` | 10 s | how long a connect may take (the first connection, the pool's, the schema check) |
 /// | `pool=` | 8 | connections of the pool (and idle `get_lock` sessions kept) |
 ///
 /// Every other query parameter (e.g. `ssl-mode`) goes to the driver.
@@ -35,6 +36,8 @@ pub struct MyOptions {
     pub default_ttl: Option<Duration>,
     /// Size of the connection pool.
     pub pool: u32,
+    /// How long a connect may take.
+    pub connect_timeout: Duration,
 }
 
 impl Default for MyOptions {
@@ -43,6 +46,7 @@ impl Default for MyOptions {
             mode: MyMode::Lease,
             default_ttl: None,
             pool: 8,
+            connect_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -63,10 +67,14 @@ fn take_options(u: &mut BackendUrl) -> Result<MyOptions> {
         &[("lease", MyMode::Lease), ("get_lock", MyMode::GetLock)],
         MyOptions::default().pool,
     )?;
+    let connect_timeout = u
+        .take_duration("connect_timeout")?
+        .unwrap_or(MyOptions::default().connect_timeout);
     Ok(MyOptions {
         mode,
         default_ttl,
         pool,
+        connect_timeout,
     })
 }
 

@@ -98,3 +98,17 @@ async fn many_held_locks_of_two_ttls_are_renewed_and_a_broken_one_is_lost() {
         let _ = g.release().await;
     }
 }
+
+/// A silent server (a frozen VM, a cut cable) cannot keep a waiter past its
+/// wait, nor a connect running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_server_cannot_hold_a_lease_waiter_past_its_wait() {
+    faults::a_stalled_server_cannot_hold_a_waiter_past_its_deadline(&My, &shared("lease")).await;
+}
+
+/// A silent server (a frozen VM, a cut cable) cannot keep a waiter past its
+/// wait, nor a connect running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_server_cannot_hold_a_get_lock_waiter_past_its_wait() {
+    faults::a_stalled_server_cannot_hold_a_waiter_past_its_deadline(&My, &shared("get_lock")).await;
+}

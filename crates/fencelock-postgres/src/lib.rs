@@ -166,10 +166,30 @@ impl PostgresBackend {
     /// # Errors
     ///
     /// [`Error::InvalidConfig`] for a bad URL or option; [`Error::Connection`] if
-    /// the server cannot be reached or refuses the login.
+    /// the server cannot be reached, refuses the login or does not answer
+    /// within `connect_timeout=`.
     pub async fn connect(url: &str) -> Result<PostgresBackend> {
         let (driver_url, options) = options::parse_url(url)?;
-        let connect = PgConnectOptions::from_str(&driver_url)
+        let limit = options.connect_timeout;
+        // Nothing below bounds a connect to a server that accepts and then
+        // says nothing (a frozen VM): this does. Dropping it closes what it
+        // opened.
+        tokio::time::timeout(limit, Self::open(url, &driver_url, options))
+            .await
+            .map_err(|_| {
+                Error::connection(
+                    NAME,
+                    url,
+                    format!(
+                        "no answer within {} (connect_timeout=)",
+                        humantime::format_duration(limit)
+                    ),
+                )
+            })?
+    }
+
+    async fn open(url: &str, driver_url: &str, options: PgOptions) -> Result<PostgresBackend> {
+        let connect = PgConnectOptions::from_str(driver_url)
             .map_err(|e| Error::config(format!("postgres URL: {e}")))?
             .application_name("fencelock")
             // fencelock's sessions hold nothing while idle (a hold's

@@ -23,6 +23,7 @@ pub enum PgMode {
 /// |---|---|---|
 /// | `mode=lease\|advisory` | `lease` | how locks are kept |
 /// | `ttl=` | 30 s | default TTL of holds |
+/// | `connect_timeout=` | 10 s | how long a connect may take (the first connection, the pool's, the schema check) |
 /// | `pool=` | 8 | connections of the lease mode's pool |
 ///
 /// Every other query parameter (e.g. `sslmode`) goes to the driver.
@@ -35,6 +36,8 @@ pub struct PgOptions {
     pub default_ttl: Option<Duration>,
     /// Size of the connection pool.
     pub pool: u32,
+    /// How long a connect may take.
+    pub connect_timeout: Duration,
 }
 
 impl Default for PgOptions {
@@ -43,6 +46,7 @@ impl Default for PgOptions {
             mode: PgMode::Lease,
             default_ttl: None,
             pool: 8,
+            connect_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -61,10 +65,14 @@ fn take_options(u: &mut BackendUrl) -> Result<PgOptions> {
         &[("lease", PgMode::Lease), ("advisory", PgMode::Advisory)],
         PgOptions::default().pool,
     )?;
+    let connect_timeout = u
+        .take_duration("connect_timeout")?
+        .unwrap_or(PgOptions::default().connect_timeout);
     Ok(PgOptions {
         mode,
         default_ttl,
         pool,
+        connect_timeout,
     })
 }
 

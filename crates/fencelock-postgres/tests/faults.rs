@@ -54,3 +54,17 @@ async fn a_paused_lease_holder_loses_its_lock_and_its_stale_write() {
 async fn a_paused_advisory_holder_loses_its_lock_and_its_stale_write() {
     faults::paused_holder_loses_its_lock_and_its_stale_write(&Pg, &shared("advisory")).await;
 }
+
+/// A silent server (a frozen VM, a cut cable) cannot keep a waiter past its
+/// wait, nor a connect running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_server_cannot_hold_a_lease_waiter_past_its_wait() {
+    faults::a_stalled_server_cannot_hold_a_waiter_past_its_deadline(&Pg, &shared("lease")).await;
+}
+
+/// A silent server (a frozen VM, a cut cable) cannot keep a waiter past its
+/// wait, nor a connect running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_server_cannot_hold_a_advisory_waiter_past_its_wait() {
+    faults::a_stalled_server_cannot_hold_a_waiter_past_its_deadline(&Pg, &shared("advisory")).await;
+}

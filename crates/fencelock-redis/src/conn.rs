@@ -150,9 +150,23 @@ impl Conn {
                     .set_max_delay(Duration::from_millis(500))
                     .set_push_sender(push)
                     .set_automatic_resubscription();
-                let manager = ConnectionManager::new_with_config(client, config)
-                    .await
-                    .map_err(err)?;
+                // The manager's own tries (3, each up to the connection
+                // timeout) would let a silent server hold a connect 20 s.
+                let limit = options.connect_timeout;
+                let manager =
+                    tokio::time::timeout(limit, ConnectionManager::new_with_config(client, config))
+                        .await
+                        .map_err(|_| {
+                            Error::connection(
+                                crate::node::NAME,
+                                addr,
+                                format!(
+                                    "no answer within {} (connect_timeout=)",
+                                    humantime::format_duration(limit)
+                                ),
+                            )
+                        })?
+                        .map_err(err)?;
                 Ok(Conn::Single(manager))
             }
             Target::Cluster(nodes) => {

@@ -14,7 +14,7 @@ use fencelock_core::{Error, Result};
 /// | `wait_replicas=N` | 0 | a grant counts only after N replicas acknowledged it (`WAIT`); single instance only |
 /// | `wait_timeout=` | 1 s | how long `WAIT` may take |
 /// | `timeout=` | 5 s | response timeout of every command |
-/// | `connect_timeout=` | 5 s | connection timeout |
+/// | `connect_timeout=` | 5 s | how long a connect may take (each connection of the client) |
 /// | `tls_ca=PATH` | system roots | PEM file of the CA that signed the server's certificate (`rediss://`) |
 ///
 /// # Examples

@@ -71,3 +71,17 @@ async fn a_paused_holder_loses_its_lock_and_its_stale_write_on_the_cluster() {
 async fn a_paused_holder_loses_its_lock_and_its_stale_write_on_redlock() {
     faults::paused_holder_loses_its_lock_and_its_stale_write(&Redis, REDLOCK).await;
 }
+
+/// A silent server (a frozen VM, a cut cable) cannot keep a waiter past its
+/// wait, nor a connect running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_server_cannot_hold_a_waiter_past_its_wait() {
+    faults::a_stalled_server_cannot_hold_a_waiter_past_its_deadline(&Redis, SINGLE).await;
+}
+
+/// A silent server (a frozen VM, a cut cable) cannot keep a waiter past its
+/// wait, nor a connect running (one of the five instances silent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_instance_cannot_hold_a_redlock_waiter_past_its_wait() {
+    faults::a_stalled_server_cannot_hold_a_waiter_past_its_deadline(&Redis, REDLOCK).await;
+}

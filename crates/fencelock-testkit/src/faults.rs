@@ -376,3 +376,98 @@ pub async fn many_held_locks_are_all_renewed(locker: &Locker, n: usize) {
         g.release().await.expect("release");
     }
 }
+
+/// The server goes silent (a proxy between client and server that forwards
+/// nothing: a frozen VM, a cut cable without a reset) while a waiter waits,
+/// and before a client connects. The waiter returns an error by its 3 s
+/// deadline plus a few seconds; the connect ends by the backend's connect
+/// timeout (an error, or a client whose first acquire then ends by its
+/// deadline). The bounds are loose: a hang, retries stacked on a timeout, or
+/// a request timeout stacked on the wait, fail the case.
+///
+/// The first `127.0.0.1:PORT` of `url` is put behind the proxy (on Redlock:
+/// one instance of several).
+///
+/// # Panics
+///
+/// If a wait or a connect outlives its bound, or a grant crosses a silent link.
+pub async fn a_stalled_server_cannot_hold_a_waiter_past_its_deadline<H: FaultHarness>(
+    h: &H,
+    url: &str,
+) {
+    const WAIT: Duration = Duration::from_secs(3);
+    const LATE: Duration = Duration::from_secs(5);
+    let Some(port) = url
+        .split("127.0.0.1:")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|p| p.parse::<u16>().ok())
+    else {
+        panic!("{url}: no 127.0.0.1:PORT to put a proxy in front of");
+    };
+    let proxy = crate::FaultProxy::start(([127, 0, 0, 1], port).into())
+        .await
+        .expect("start the proxy");
+    let proxied = url.replacen(
+        &format!("127.0.0.1:{port}"),
+        &format!("127.0.0.1:{}", proxy.addr().port()),
+        1,
+    );
+    let key = unique_key("stalled");
+    let holder = locker(h, url).await;
+    let held = holder.lock(&key).acquire().await.expect("hold");
+
+    // Silent while waiting.
+    let waiter = locker(h, &proxied).await;
+    let wait_key = key.clone();
+    let waiting = tokio::spawn(async move {
+        let start = Instant::now();
+        let r = waiter.lock(&wait_key).wait(WAIT).acquire().await;
+        (r.map(|g| g.token()), start.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.blackhole();
+    let (r, took) = tokio::time::timeout(Duration::from_secs(60), waiting)
+        .await
+        .expect("a 3 s wait still ran 60 s into a silent server")
+        .expect("the waiter's task");
+    assert!(r.is_err(), "granted across a silent link: {r:?}");
+    assert!(
+        took < WAIT + LATE,
+        "a 3 s wait returned {took:?} after it began, the server silent: {r:?}"
+    );
+
+    // Silent before the connect: it ends by the backend's connect timeout
+    // (5 s or 10 s by default), with an error or with a client whose first
+    // acquire then ends by its deadline.
+    let start = Instant::now();
+    let connected = tokio::time::timeout(Duration::from_secs(60), h.locker(&proxied))
+        .await
+        .expect("a connect to a silent server still ran after 60 s");
+    let took = start.elapsed();
+    assert!(
+        took < Duration::from_secs(10) + LATE,
+        "a connect to a silent server took {took:?}"
+    );
+    if let Ok(late) = connected {
+        let start = Instant::now();
+        let r = tokio::time::timeout(
+            Duration::from_secs(60),
+            late.lock(&key).wait(WAIT).acquire(),
+        )
+        .await
+        .expect("a 3 s wait of a client of a silent server still ran after 60 s");
+        let took = start.elapsed();
+        assert!(
+            r.is_err(),
+            "granted by a silent server: {:?}",
+            r.map(|g| g.token())
+        );
+        assert!(
+            took < WAIT + LATE,
+            "a 3 s wait of a client of a silent server returned after {took:?}"
+        );
+    }
+    proxy.restore();
+    held.release().await.expect("release");
+}

@@ -268,3 +268,11 @@ async fn an_empty_lock_path_is_removed() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// A silent server (a frozen VM, a cut cable) cannot keep a waiter past its
+/// wait, nor a connect running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_server_cannot_hold_a_waiter_past_its_wait() {
+    faults::a_stalled_server_cannot_hold_a_waiter_past_its_deadline(&Zk, "zk://127.0.0.1:2181")
+        .await;
+}
