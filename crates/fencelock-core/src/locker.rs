@@ -617,7 +617,7 @@ async fn acquire_waiting(
                 Err(Error::connection(
                     backend.name(),
                     &backend.address(),
-                    "no answer by the end of the wait",
+                    outage.unanswered(),
                 ))
             }),
         };
@@ -670,6 +670,8 @@ const OVERRUN: Duration = Duration::from_secs(1);
 #[derive(Default)]
 struct Outage {
     backoff: Option<Backoff>,
+    /// What the backend last said instead of an answer, if anything.
+    last: Option<String>,
 }
 
 impl Outage {
@@ -686,6 +688,10 @@ impl Outage {
         if !e.is_transient() || deadline.is_some_and(|d| Instant::now() >= d) {
             return false;
         }
+        self.last = Some(match e {
+            Error::Connection { message, .. } => message.clone(),
+            other => other.to_string(),
+        });
         let backoff = self.backoff.get_or_insert_with(|| {
             tracing::warn!(
                 key = %req.key,
@@ -702,8 +708,19 @@ impl Outage {
 
     /// The backend answered.
     fn over(&mut self) {
+        self.last = None;
         if self.backoff.take().is_some() {
             tracing::debug!("the backend answers again");
+        }
+    }
+
+    /// Why a call cut off at the end of the wait failed: with what the
+    /// backend said before, which is likelier the cause (a refused
+    /// connection, a pool kept busy).
+    fn unanswered(&self) -> String {
+        match &self.last {
+            Some(last) => format!("no answer by the end of the wait; before that: {last}"),
+            None => "no answer by the end of the wait".to_string(),
         }
     }
 }

@@ -35,6 +35,11 @@ fn is_connection_state(code: &str) -> bool {
     code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "57P05" | "53300")
 }
 
+/// What a pool that gave no connection within its timeout means.
+const POOL_BUSY: &str = "no connection of the pool came free within 10 s: the server answers \
+                         slowly, or more operations ran at once than the pool holds (raise \
+                         `pool=`, default 8)";
+
 pub(crate) fn map_err(addr: &str, e: sqlx::Error) -> Error {
     let err = match &e {
         sqlx::Error::Database(db) => {
@@ -50,9 +55,9 @@ pub(crate) fn map_err(addr: &str, e: sqlx::Error) -> Error {
         sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)
         | sqlx::Error::Protocol(_)
-        | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
         | sqlx::Error::WorkerCrashed => Error::connection(NAME, addr, &e),
+        sqlx::Error::PoolTimedOut => Error::connection(NAME, addr, POOL_BUSY),
         sqlx::Error::Configuration(_) => Error::config(format!("postgres: {e}")),
         _ => Error::backend(NAME, &e),
     };
