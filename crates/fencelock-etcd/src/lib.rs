@@ -62,6 +62,18 @@
 //! escaped: a key `a/b` is the lock `<prefix>a/b/`; a queue ignores the nodes
 //! of longer keys under it, so `a` and `a/b` are two locks.
 //!
+//! # Defaults, restarts and frozen clients
+//!
+//! - A hold lives in a lease of `min(ceil(TTL), session_ttl)` (10 s by default);
+//!   `run` renews and stops its command on that lease.
+//! - Leases survive a restart shorter than them
+//!   (`tests/faults.rs::a_hold_outlives_a_short_server_restart`); a waiter waits
+//!   through a restart (`tests/faults.rs::a_waiter_waits_through_a_server_restart`).
+//! - A frozen holder keeps the key until its lease expires
+//!   (`tests/faults.rs::a_paused_holder_loses_its_lock_and_its_stale_write`); a
+//!   silent server holds a waiter at most a second past its wait
+//!   (`tests/faults.rs::a_stalled_server_cannot_hold_a_waiter_past_its_wait`).
+//!
 //! # Example
 //!
 //! ```no_run

@@ -48,6 +48,18 @@
 //! skips an item another client touches at that instant (a renewal, a read), so
 //! a list can miss a held key now and then; `status KEY` reads the key itself.
 //!
+//! # Defaults, restarts and frozen clients
+//!
+//! - A hold gets the TTL asked for (30 s by default); its item lives one
+//!   second longer than the TTL rounded up.
+//! - A restart loses every hold; `lost()` fires at the next renewal
+//!   (`tests/faults.rs::a_restart_during_a_hold_fires_lost_at_the_next_renewal`).
+//! - A frozen holder keeps the key for its TTL
+//!   (`tests/faults.rs::a_killed_holder_frees_the_lock_after_its_ttl` for a dead
+//!   one). A frozen or silent server fails each request after `timeout=` (5 s)
+//!   and holds a waiter at most a second past its wait
+//!   (`tests/faults.rs::a_stalled_server_cannot_hold_a_waiter_past_its_wait`).
+//!
 //! # Examples
 //!
 //! ```

@@ -102,6 +102,24 @@
 //! The schema is created on first use (idempotently). `mariadb://` is accepted
 //! as a synonym of `mysql://`.
 //!
+//! # Defaults, restarts and frozen clients
+//!
+//! - A hold gets the TTL asked for (30 s by default; `get_lock`: in whole seconds
+//!   of `wait_timeout`).
+//! - Lease mode: holds survive a restart (InnoDB with
+//!   `innodb_flush_log_at_trx_commit=1`;
+//!   `tests/faults.rs::a_lease_outlives_a_restart_shorter_than_its_ttl`).
+//!   `get_lock`: a restart ends every hold (`lost()` fires), and nothing is
+//!   granted until the server has been up for the longest TTL of the holds
+//!   granted before it (`tests/restart_gate.rs`). A waiter waits through a restart
+//!   (`tests/outage.rs`).
+//! - A frozen holder keeps the key for its TTL (`tests/faults.rs`). A client
+//!   frozen inside a transaction keeps its row locks 2 s on MariaDB
+//!   (`idle_transaction_timeout`), `wait_timeout` on MySQL; no acquire waits past
+//!   its deadline behind them (`tests/frozen_client.rs`). A silent server holds a
+//!   waiter at most a second past its wait, and a connect for `connect_timeout=`
+//!   (10 s) (`tests/faults.rs::a_stalled_server_cannot_hold_a_lease_waiter_past_its_wait`).
+//!
 //! # Examples
 //!
 //! ```

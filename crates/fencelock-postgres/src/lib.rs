@@ -99,6 +99,21 @@
 //! sessions run at READ COMMITTED and turn `idle_session_timeout` off (a
 //! hold's session sets it to the TTL), whatever the database or role sets.
 //!
+//! # Defaults, restarts and frozen clients
+//!
+//! - A hold gets the TTL asked for (30 s by default), counted on the server's clock.
+//! - Lease mode: holds and tokens survive a restart
+//!   (`tests/faults.rs::a_lease_outlives_a_restart_shorter_than_its_ttl`).
+//!   Advisory mode: a restart ends every hold (`lost()` fires), and nothing is
+//!   granted until the server has been up for the longest TTL of the holds granted
+//!   before it; holds granted since never delay anyone (`tests/restart_gate.rs`).
+//!   A waiter waits through a restart (`tests/outage.rs`).
+//! - A frozen holder keeps the key for its TTL (lease) or its session's
+//!   `idle_session_timeout` = TTL (advisory) (`tests/faults.rs`); no lock is held
+//!   across a round trip (`tests/frozen_client.rs`). A silent server holds a waiter
+//!   at most a second past its wait, and a connect for `connect_timeout=` (10 s)
+//!   (`tests/faults.rs::a_stalled_server_cannot_hold_a_lease_waiter_past_its_wait`).
+//!
 //! # Examples
 //!
 //! ```

@@ -107,6 +107,20 @@
 //! (as in a fair read-write lock: a second read lock taken, by another owner,
 //! while holding one waits behind a waiting writer).
 //!
+//! # Defaults, restarts and frozen clients
+//!
+//! - A hold gets the TTL asked for (30 s by default); on Redlock, that less the
+//!   round's time and the clock drift allowance.
+//! - A restart that keeps the data (AOF, RDB) loses nothing; an empty restart
+//!   loses the holds, whose `lost()` fires at the next renewal
+//!   (`tests/faults.rs::restart_empty_during_a_hold_fires_lost_and_new_grants_work`).
+//!   A waiter waits through a restart, until its deadline
+//!   (`tests/faults.rs::a_waiter_waits_through_a_server_restart`).
+//! - A frozen holder keeps the key for its TTL (`tests/dead_holder.rs`); nothing
+//!   is held across round trips. A frozen or silent server holds a waiter at most
+//!   a second past its wait, and a connect for `connect_timeout=`
+//!   (`tests/dead_holder.rs::a_stalled_server_cannot_hold_a_waiter_past_its_wait`).
+//!
 //! # Examples
 //!
 //! ```no_run

@@ -59,6 +59,17 @@
 //! off); on Linux the backend needs `/proc` (the boot's id) and refuses to open
 //! without it.
 //!
+//! # Defaults, restarts and frozen clients
+//!
+//! - A hold gets the TTL asked for (30 s by default); renewals rewrite it.
+//! - No server to restart. A holder frozen (SIGSTOP, a paused VM) keeps the key
+//!   for its TTL, then loses it and learns so on resume
+//!   (`tests/cross_process.rs::sigstopped_holder_loses_the_lock_and_learns_it_on_resume`).
+//! - A process stopped *inside* its short write transaction keeps the file's
+//!   write lock until it resumes: other processes' acquires wait, within their
+//!   wait, and say why on stderr; their renewals cannot write, so their holds are
+//!   lost at their deadline (a known limit; the CLI's `tests/outage.rs`).
+//!
 //! # Examples
 //!
 //! ```

@@ -79,6 +79,20 @@
 //! scratch starts its zxids again (and one restored from an old snapshot goes
 //! back to it): fence the resources anew after that (a token from the new
 //! ensemble may repeat one handed out before).
+//!
+//! # Defaults, restarts and frozen clients
+//!
+//! - A hold lives in a session of `min(ceil(TTL), session_timeout)` (10 s by
+//!   default; the server may cap it, `maxSessionTimeout`), and is valid for at
+//!   most ¾ of it: 7.5 s with the default TTL of 30 s. `Guard::ttl` is that
+//!   lease; `run` renews and stops its command on it
+//!   (`tests/sessions.rs::a_hold_never_outlives_the_negotiated_session_timeout`).
+//! - Sessions survive a restart shorter than their timeout; a waiter whose
+//!   session ended queues again (`tests/sessions.rs::a_waiter_waits_through_an_outage_longer_than_its_session`).
+//! - A frozen holder keeps the key until its session expires
+//!   (`tests/faults.rs::a_paused_holder_loses_its_lock_and_its_stale_write`); a
+//!   silent server holds a waiter at most a second past its wait
+//!   (`tests/faults.rs::a_stalled_server_cannot_hold_a_waiter_past_its_wait`).
 #![warn(missing_docs)]
 
 mod cleanup;
