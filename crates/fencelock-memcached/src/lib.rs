@@ -44,9 +44,11 @@
 //!
 //! `list` (`fencelock list`) walks every item with memcached's LRU crawler
 //! (`lru_crawler metadump`), slow on a big cache. The crawler serves one walk
-//! at a time; a list that finds it busy asks again for up to 10 s. The crawler
-//! skips an item another client touches at that instant (a renewal, a read), so
-//! a list can miss a held key now and then; `status KEY` reads the key itself.
+//! at a time; a list that finds it busy asks again for up to 10 s. A walk skips
+//! an item another client touches at that instant (a renewal, a read: other
+//! lists read what they find), so a list walks again until a walk finds
+//! nothing new (at most 5 walks). Lists that overlap others can still miss a
+//! held key now and then; `status KEY` reads the key itself.
 //!
 //! # Defaults, restarts and frozen clients
 //!
@@ -619,7 +621,9 @@ impl Backend for MemcachedBackend {
     async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
         let ours = self.inner.options.prefix.as_bytes();
         let busy_until = Instant::now() + CRAWLER_BUSY;
-        let names = loop {
+        let mut names = std::collections::BTreeSet::new();
+        let mut walks = 0;
+        loop {
             let walked = self
                 .with_client(async |c| {
                     let mut names = Vec::new();
@@ -636,11 +640,16 @@ impl Backend for MemcachedBackend {
                 })
                 .await?;
             match walked {
-                Some(names) => break names,
-                None if Instant::now() < busy_until => {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                Some(walked) => {
+                    walks += 1;
+                    let before = names.len();
+                    names.extend(walked.into_iter().filter(|n| n.starts_with(ours)));
+                    // Done when a walk after the first found nothing new.
+                    if walks == MAX_WALKS || (walks > 1 && names.len() == before) {
+                        break;
+                    }
                 }
-                None => {
+                None if Instant::now() >= busy_until => {
                     return Err(Error::backend(
                         NAME,
                         format!(
@@ -648,9 +657,11 @@ impl Backend for MemcachedBackend {
                         ),
                     ));
                 }
+                None => {}
             }
-        };
-        let names = names.into_iter().filter(|n| n.starts_with(ours));
+            // Out of step with other lists' walks.
+            tokio::time::sleep(Duration::from_millis(50 + fastrand::u64(..150))).await;
+        }
         let mut out = Vec::new();
         for name in names {
             let Ok(name) = String::from_utf8(name) else {
@@ -674,6 +685,11 @@ impl Backend for MemcachedBackend {
 
 /// How long `list` asks again while the LRU crawler serves other walks.
 const CRAWLER_BUSY: Duration = Duration::from_secs(10);
+
+/// The most walks `list` joins. A walk that starts while another is ending
+/// can miss items (in the crawler, the other walk may still hold their
+/// queues), so a list walks until a walk finds nothing new.
+const MAX_WALKS: usize = 5;
 
 /// True if the crawler refused a walk because it is serving another.
 fn crawler_busy(e: &async_memcached::Error) -> bool {
