@@ -208,3 +208,102 @@ fn a_sqlite_file_kept_busy_ends_the_wait_in_time_and_says_why() {
     );
     assert!(took < Duration::from_secs(15), "ended after {took:?}");
 }
+
+/// Maintenance: the only server restarts (down a few seconds) under a job
+/// run with the defaults (no `--ttl`). The hold's session or lease outlives
+/// the outage, and so does the job: exit 0, the job complete.
+fn a_job_with_the_defaults_outlives_a_restart(url: &str, restart: impl FnOnce()) {
+    let dir = tempfile::tempdir().unwrap();
+    let (started, done) = (dir.path().join("started"), dir.path().join("done"));
+    let script = format!(
+        "touch {}; sleep 25; touch {}",
+        started.display(),
+        done.display()
+    );
+    // A server just started may take a while to answer: --wait covers it.
+    let mut child = fencelock(&[
+        "run",
+        "--backend",
+        url,
+        "--key",
+        "k",
+        "--wait",
+        "60s",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ])
+    .spawn()
+    .unwrap();
+    let start = Instant::now();
+    while !started.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the job did not start"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let down = Instant::now();
+    restart();
+    let outage = down.elapsed();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "the server was down {outage:?}; stderr: {stderr}"
+    );
+    assert!(done.exists(), "the job did not run to its end");
+}
+
+fn etcd_on(data: &std::path::Path, client: u16, peer: u16) -> ServerProcess {
+    let mut cmd = Command::new("etcd");
+    cmd.arg("--data-dir")
+        .arg(data)
+        .arg("--listen-client-urls")
+        .arg(format!("http://127.0.0.1:{client}"))
+        .arg("--advertise-client-urls")
+        .arg(format!("http://127.0.0.1:{client}"))
+        .arg("--listen-peer-urls")
+        .arg(format!("http://127.0.0.1:{peer}"))
+        .arg("--initial-advertise-peer-urls")
+        .arg(format!("http://127.0.0.1:{peer}"))
+        .arg("--initial-cluster")
+        .arg(format!("default=http://127.0.0.1:{peer}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    ServerProcess::spawn("etcd", cmd, client, Duration::from_secs(30))
+        .expect("etcd (scripts/services.sh installs it)")
+}
+
+#[test]
+fn a_job_with_the_defaults_outlives_a_restart_of_etcd() {
+    let dir = tempfile::tempdir().unwrap();
+    let (client, peer) = (free_port(), free_port());
+    let mut etcd = etcd_on(dir.path(), client, peer);
+    let url = format!("etcd://127.0.0.1:{client}");
+    a_job_with_the_defaults_outlives_a_restart(&url, || {
+        etcd.kill();
+        std::thread::sleep(Duration::from_secs(5));
+        etcd = etcd_on(dir.path(), client, peer);
+    });
+}
+
+#[test]
+fn a_job_with_the_defaults_outlives_a_restart_of_zookeeper() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    // The production default allows sessions up to 40 s (20 ticks of 2 s);
+    // the test server ticks every 500 ms.
+    let cfg = "maxSessionTimeout=40000";
+    let mut zk = fencelock_testkit::zookeeper_on(dir.path(), port, cfg)
+        .expect("zookeeper starts (scripts/services.sh installs it)");
+    let url = format!("zk://127.0.0.1:{port}");
+    a_job_with_the_defaults_outlives_a_restart(&url, || {
+        zk.kill();
+        std::thread::sleep(Duration::from_secs(3));
+        zk = fencelock_testkit::zookeeper_on(dir.path(), port, cfg).expect("zookeeper restarts");
+    });
+}

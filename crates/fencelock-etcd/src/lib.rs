@@ -6,7 +6,7 @@
 //!
 //! Each backend holds one etcd **lease** per TTL class (Go's session): a hold
 //! of TTL `t` lives on the lease of `ceil(t)` seconds (at most `session_ttl`,
-//! 10 s by default; etcd raises a lease below its minimum, about 2 s), kept
+//! 30 s by default; etcd raises a lease below its minimum, about 2 s), kept
 //! alive by one task per lease — so a holder that dies costs its own TTL. A
 //! request puts the key
 //! `<prefix><key>/<lease id in hex>` attached to the lease, if absent (one
@@ -64,10 +64,11 @@
 //!
 //! # Defaults, restarts and frozen clients
 //!
-//! - A hold lives in a lease of `min(ceil(TTL), session_ttl)` (10 s by default);
+//! - A hold lives in a lease of `min(ceil(TTL), session_ttl)` (30 s by default);
 //!   `run` renews and stops its command on that lease.
 //! - Leases survive a restart shorter than them
-//!   (`tests/faults.rs::a_hold_outlives_a_short_server_restart`); a waiter waits
+//!   (`tests/faults.rs::a_hold_outlives_a_short_server_restart`), and so does a
+//!   job `run` holds with the defaults (the CLI's `tests/outage.rs`); a waiter waits
 //!   through a restart (`tests/faults.rs::a_waiter_waits_through_a_server_restart`).
 //! - A frozen holder keeps the key until its lease expires
 //!   (`tests/faults.rs::a_paused_holder_loses_its_lock_and_its_stale_write`); a

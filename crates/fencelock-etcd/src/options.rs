@@ -10,7 +10,7 @@ use fencelock_core::{Error, Result};
 /// | URL option | default | meaning |
 /// |---|---|---|
 /// | `prefix=` | `fencelock/` | prepended to every lock name (`<prefix><key>/<lease id in hex>`); empty gives the bare layout of `etcdctl lock` |
-/// | `session_ttl=` | 10 s | the longest etcd lease (whole seconds): a hold of TTL `t` lives on a lease of `min(ceil(t), session_ttl)`, which is what its holder's death costs |
+/// | `session_ttl=` | 30 s | the longest etcd lease (whole seconds): a hold of TTL `t` lives on a lease of `min(ceil(t), session_ttl)`, which is what its holder's death costs |
 /// | `connect_timeout=` | 5 s | how long `connect` waits |
 /// | `request_timeout=` | 5 s | how long one request may take |
 /// | `ttl=` | – | default TTL of holds |
@@ -37,7 +37,7 @@ impl Default for EtcdOptions {
     fn default() -> Self {
         EtcdOptions {
             prefix: "fencelock/".into(),
-            session_ttl: Duration::from_secs(10),
+            session_ttl: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(5),
             default_ttl: None,

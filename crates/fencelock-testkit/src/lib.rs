@@ -24,6 +24,7 @@ pub use holder::HolderProcess;
 pub use proxy::{FaultProxy, ProxyMode};
 pub use server::{
     ServerProcess, account_ids, free_port, postgres_program, send_signal, wait_for_port, zookeeper,
+    zookeeper_on,
 };
 
 /// Re-exported for fault tests that signal processes.

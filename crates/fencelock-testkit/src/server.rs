@@ -239,7 +239,20 @@ impl ServerProcess {
 /// As [`ServerProcess::spawn`] (a JVM may take a minute to listen), or if
 /// `dir` cannot be written.
 pub fn zookeeper(dir: &std::path::Path, extra_config: &str) -> io::Result<ServerProcess> {
-    let port = free_port();
+    zookeeper_on(dir, free_port(), extra_config)
+}
+
+/// [`zookeeper`] on `port`: called again with the same `dir` and `port` after
+/// a kill, it restarts the server on its data.
+///
+/// # Errors
+///
+/// As [`zookeeper`].
+pub fn zookeeper_on(
+    dir: &std::path::Path,
+    port: u16,
+    extra_config: &str,
+) -> io::Result<ServerProcess> {
     std::fs::create_dir_all(dir.join("data"))?;
     let cfg = format!(
         "tickTime=500\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n{extra_config}\n",

@@ -82,12 +82,13 @@
 //!
 //! # Defaults, restarts and frozen clients
 //!
-//! - A hold lives in a session of `min(ceil(TTL), session_timeout)` (10 s by
+//! - A hold lives in a session of `min(ceil(TTL), session_timeout)` (30 s by
 //!   default; the server may cap it, `maxSessionTimeout`), and is valid for at
-//!   most ¾ of it: 7.5 s with the default TTL of 30 s. `Guard::ttl` is that
+//!   most ¾ of it: 22.5 s with the defaults. `Guard::ttl` is that
 //!   lease; `run` renews and stops its command on it
 //!   (`tests/sessions.rs::a_hold_never_outlives_the_negotiated_session_timeout`).
-//! - Sessions survive a restart shorter than their timeout; a waiter whose
+//! - Sessions survive a restart shorter than their timeout, and so does a
+//!   job `run` holds with the defaults (the CLI's `tests/outage.rs`); a waiter whose
 //!   session ended queues again (`tests/sessions.rs::a_waiter_waits_through_an_outage_longer_than_its_session`).
 //! - A frozen holder keeps the key until its session expires
 //!   (`tests/faults.rs::a_paused_holder_loses_its_lock_and_its_stale_write`); a

@@ -21,7 +21,7 @@ pub enum Writer {
 /// | URL option | default | meaning |
 /// |---|---|---|
 /// | `prefix=` | `/fencelock` | parent path of every lock (`<prefix>/<escaped key>`) |
-/// | `session_timeout=` | 10 s | the longest ZooKeeper session: a hold of TTL `t` lives in a session of `min(ceil(t), session_timeout)`, which is what a lost holder costs |
+/// | `session_timeout=` | 30 s | the longest ZooKeeper session: a hold of TTL `t` lives in a session of `min(ceil(t), session_timeout)`, which is what a lost holder costs |
 /// | `connect_timeout=` | 5 s | how long `connect` waits |
 /// | `writer=mutex\|rwlock` | `mutex` | name exclusive nodes as Curator's `InterProcessMutex` or as the write lock of its `InterProcessReadWriteLock` |
 /// | `ttl=` | – | default TTL of holds |
@@ -47,7 +47,7 @@ impl Default for ZkOptions {
     fn default() -> Self {
         ZkOptions {
             prefix: "/fencelock".into(),
-            session_timeout: Duration::from_secs(10),
+            session_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(5),
             writer: Writer::Mutex,
             default_ttl: None,
