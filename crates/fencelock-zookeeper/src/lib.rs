@@ -217,8 +217,9 @@ impl ZooKeeperBackend {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] for a bad URL; [`Error::Connection`] naming the
-    /// address if no server answers within the connect timeout.
+    /// [`Error::InvalidConfig`] for a bad URL or a chroot the server does not
+    /// have; [`Error::Connection`] naming the address if no server answers
+    /// within the connect timeout.
     pub async fn connect(url: &str) -> Result<ZooKeeperBackend> {
         let parsed = options::parse_url(url)?;
         let address = redact_url(url.split('?').next().unwrap_or(url));
@@ -234,7 +235,14 @@ impl ZooKeeperBackend {
         client
             .mkdir(&parsed.options.prefix, &dir)
             .await
-            .map_err(|e| zk_err(e, &address))?;
+            .map_err(|e| match e {
+                // The prefix's parents are made: only a chroot can be missing.
+                zk::Error::NoNode => Error::config(format!(
+                    "zookeeper: the chroot of {address} does not exist on the server; \
+                     create it (zkCli.sh create /PATH) or leave it out of the URL"
+                )),
+                e => zk_err(e, &address),
+            })?;
         let primary = Arc::new(Session {
             client: std::sync::RwLock::new(client),
             timeout: parsed.options.session_timeout,
