@@ -221,7 +221,7 @@ fn a_job_with_the_defaults_outlives_a_restart(url: &str, restart: impl FnOnce())
         done.display()
     );
     // A server just started may take a while to answer: --wait covers it.
-    let mut child = fencelock(&[
+    let child = fencelock(&[
         "run",
         "--backend",
         url,
