@@ -686,9 +686,8 @@ impl Backend for MemcachedBackend {
 /// How long `list` asks again while the LRU crawler serves other walks.
 const CRAWLER_BUSY: Duration = Duration::from_secs(10);
 
-/// The most walks `list` joins. A walk that starts while another is ending
-/// can miss items (in the crawler, the other walk may still hold their
-/// queues), so a list walks until a walk finds nothing new.
+/// The most walks `list` joins: it walks until a walk finds nothing new, as
+/// a walk skips items other clients touch meanwhile.
 const MAX_WALKS: usize = 5;
 
 /// True if the crawler refused a walk because it is serving another.
