@@ -1,7 +1,8 @@
 //! One connection abstraction over a single Redis (a `ConnectionManager`, which
-//! reconnects) and a Redis Cluster (a cluster connection, which follows slots);
-//! both speak RESP3 so that pub/sub messages arrive on the same connection.
+//! reconnects), a Redis Cluster (a cluster connection, which follows slots) and
+//! the master of a Sentinel service (which follows failovers); all speak RESP3 so that pub/sub messages arrive on the same connection.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use fencelock_core::backend::redact_url;
@@ -17,13 +18,15 @@ use redis::{
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::node::NAME;
-use crate::options::{RedisOptions, Target};
+use crate::options::{RedisOptions, SentinelTarget, Target};
 use crate::scripts::Call;
+use crate::sentinel::Master;
 
 #[derive(Clone)]
 pub(crate) enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    Sentinel(Arc<Master>),
 }
 
 /// Maps a client error: connection trouble (and refused credentials) names the
@@ -118,6 +121,7 @@ impl Conn {
         let tls = match target {
             Target::Single(url) => url.starts_with("rediss:"),
             Target::Cluster(nodes) => nodes.iter().any(|n| n.starts_with("rediss:")),
+            Target::Sentinel(_) => false,
         };
         if tls || options.tls_ca.is_some() {
             ensure_tls()?;
@@ -183,6 +187,7 @@ impl Conn {
                     client.get_async_connection().await.map_err(err)?,
                 ))
             }
+            Target::Sentinel(t) => Ok(Conn::Sentinel(Arc::new(sentinel_master(t, options, push)?))),
         }
     }
 
@@ -222,7 +227,7 @@ impl Conn {
         for lua in scripts {
             let load = lua.load_cmd();
             match self {
-                Conn::Single(_) => {
+                Conn::Single(_) | Conn::Sentinel(_) => {
                     self.query::<String>(&load).await?;
                 }
                 Conn::Cluster(c) => {
@@ -239,6 +244,7 @@ impl Conn {
         match self {
             Conn::Single(c) => cmd.query_async(&mut c.clone()).await,
             Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+            Conn::Sentinel(m) => m.query(cmd).await,
         }
     }
 
@@ -254,6 +260,7 @@ impl Conn {
                 })
                 .await
             }
+            Conn::Sentinel(m) => scan(pattern, |cmd| async move { m.query(&cmd).await }).await,
             Conn::Cluster(c) => {
                 let slots: Value = redis::cmd("CLUSTER")
                     .arg("SLOTS")
@@ -296,6 +303,7 @@ impl Conn {
         match self {
             Conn::Single(c) => c.clone().subscribe(channel).await,
             Conn::Cluster(c) => c.clone().subscribe(channel).await,
+            Conn::Sentinel(m) => m.subscribe(channel).await,
         }
     }
 
@@ -303,6 +311,7 @@ impl Conn {
         match self {
             Conn::Single(c) => c.clone().unsubscribe(channel).await,
             Conn::Cluster(c) => c.clone().unsubscribe(channel).await,
+            Conn::Sentinel(m) => m.unsubscribe(channel).await,
         }
     }
 
@@ -354,6 +363,50 @@ impl Conn {
     pub(crate) fn is_cluster(&self) -> bool {
         matches!(self, Conn::Cluster(_))
     }
+}
+
+/// The master of the service `t` names, through its Sentinels (connected
+/// at the first command).
+fn sentinel_master(
+    t: &SentinelTarget,
+    options: &RedisOptions,
+    push: UnboundedSender<PushInfo>,
+) -> Result<Master> {
+    use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
+    let addrs = t
+        .sentinels
+        .iter()
+        .map(|(h, p)| redis::ConnectionAddr::Tcp(h.clone(), *p));
+    let mut b = SentinelClientBuilder::new(addrs, &t.service, SentinelServerType::Master)
+        .map_err(|e| Error::config(format!("redis+sentinel: {e}")))?
+        .set_client_to_redis_db(t.db)
+        .set_client_to_redis_protocol(ProtocolVersion::RESP3);
+    if let Some(u) = &t.user {
+        b = b.set_client_to_redis_username(u);
+    }
+    if let Some(p) = &t.password {
+        b = b.set_client_to_redis_password(p);
+    }
+    if let Some(u) = &t.sentinel_user {
+        b = b.set_client_to_sentinel_username(u);
+    }
+    if let Some(p) = &t.sentinel_password {
+        b = b.set_client_to_sentinel_password(p);
+    }
+    let lookup = b
+        .build()
+        .map_err(|e| Error::config(format!("redis+sentinel: {e}")))?;
+    let config = redis::AsyncConnectionConfig::new()
+        .set_response_timeout(Some(options.response_timeout))
+        .set_connection_timeout(Some(options.connect_timeout))
+        .set_push_sender(push.clone());
+    Ok(Master::new(
+        lookup,
+        config,
+        push,
+        options.connect_timeout,
+        t.service.clone(),
+    ))
 }
 
 /// Runs `SCAN … MATCH pattern` through `run` until the cursor comes back to 0.

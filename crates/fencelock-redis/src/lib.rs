@@ -145,6 +145,7 @@ mod node;
 mod options;
 mod redlock;
 mod scripts;
+mod sentinel;
 mod subs;
 
 use std::sync::Arc;
@@ -162,7 +163,13 @@ pub use redlock::RedlockBackend;
 /// How the `fencelock` facade opens Redis and Redis Cluster from a URL.
 pub const DRIVER: fencelock_core::backend::Driver = fencelock_core::driver!(
     "redis",
-    ["redis", "rediss", "redis+cluster", "rediss+cluster"],
+    [
+        "redis",
+        "rediss",
+        "redis+cluster",
+        "rediss+cluster",
+        "redis+sentinel"
+    ],
     RedisBackend::connect
 );
 

@@ -11,11 +11,13 @@ use fencelock_core::{Error, Result};
 /// |---|---|---|
 /// | `prefix=` | `fencelock:` | namespace of every key (no `{` or `}`) |
 /// | `ttl=` | 30 s | default TTL of holds taken through this URL |
-/// | `wait_replicas=N` | 0 | a grant counts only after N replicas acknowledged it (`WAIT`); single instance only |
+/// | `wait_replicas=N` | 0 | a grant counts only after N replicas acknowledged it (`WAIT`); not on a cluster |
 /// | `wait_timeout=` | 1 s | how long `WAIT` may take |
 /// | `timeout=` | 5 s | response timeout of every command |
 /// | `connect_timeout=` | 5 s | how long a connect may take (each connection of the client) |
 /// | `tls_ca=PATH` | system roots | PEM file of the CA that signed the server's certificate (`rediss://`) |
+/// | `sentinel_user=` | none | user to log in to the Sentinels with (`redis+sentinel://`) |
+/// | `sentinel_password=` | none | password of the Sentinels (the login in the URL is the data nodes') |
 ///
 /// # Examples
 ///
@@ -105,7 +107,7 @@ impl RedisOptions {
         }
         if cluster && self.wait_replicas > 0 {
             return Err(Error::config(
-                "wait_replicas works on a single Redis instance (redis://), not on a cluster URL",
+                "wait_replicas works on a single Redis instance (redis://, redis+sentinel://), not on a cluster URL",
             ));
         }
         Ok(())
@@ -119,16 +121,49 @@ pub(crate) enum Target {
     Single(String),
     /// Cluster seed nodes, one URL each.
     Cluster(Vec<String>),
+    /// The master of a service the Sentinels monitor.
+    Sentinel(SentinelTarget),
 }
+
+/// The Sentinels and how to log in to them and to the data nodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SentinelTarget {
+    pub(crate) sentinels: Vec<(String, u16)>,
+    pub(crate) service: String,
+    pub(crate) db: i64,
+    pub(crate) user: Option<String>,
+    pub(crate) password: Option<String>,
+    pub(crate) sentinel_user: Option<String>,
+    pub(crate) sentinel_password: Option<String>,
+}
+
+/// The port of a Sentinel named without one.
+const SENTINEL_PORT: u16 = 26379;
 
 /// Splits a fencelock Redis URL into the connection target and our options.
 pub(crate) fn parse_url(url: &str) -> Result<(Target, RedisOptions)> {
     let mut u = BackendUrl::parse(
         "redis",
         url,
-        &["redis", "rediss", "redis+cluster", "rediss+cluster"],
+        &[
+            "redis",
+            "rediss",
+            "redis+cluster",
+            "rediss+cluster",
+            "redis+sentinel",
+        ],
     )?;
     let options = take_options(&mut u)?;
+    if u.scheme() == "redis+sentinel" {
+        let target = sentinel_target(&mut u)?;
+        if options.tls_ca.is_some() {
+            return Err(Error::config(
+                "redis+sentinel:// does not speak TLS; tls_ca= works with rediss:// and rediss+cluster://",
+            ));
+        }
+        options.validate(false)?;
+        return Ok((Target::Sentinel(target), options));
+    }
     let base = u.base();
     let target = if u.scheme().ends_with("+cluster") {
         let node_scheme = if u.scheme().starts_with("rediss") {
@@ -165,6 +200,61 @@ pub(crate) fn parse_url(url: &str) -> Result<(Target, RedisOptions)> {
     Ok((target, options))
 }
 
+/// `redis+sentinel://[user:password@]h1:p1,h2:p2/SERVICE[/db]`: the
+/// Sentinels, the service's name and the database.
+fn sentinel_target(u: &mut BackendUrl) -> Result<SentinelTarget> {
+    let mut sentinels = Vec::new();
+    for h in u.hosts() {
+        let (host, port) = match h.rsplit_once(':').filter(|_| !h.ends_with(']')) {
+            Some((host, port)) => (
+                host,
+                port.parse::<u16>().map_err(|_| {
+                    Error::config(format!(
+                        "{:?}: the port of Sentinel {h:?} is not a number",
+                        u.redacted()
+                    ))
+                })?,
+            ),
+            None => (h, SENTINEL_PORT),
+        };
+        sentinels.push((host.trim_matches(['[', ']']).to_string(), port));
+    }
+    if sentinels.is_empty() {
+        return Err(Error::config(format!(
+            "{:?} names no Sentinel; write redis+sentinel://host:port,host:port/SERVICE",
+            u.redacted()
+        )));
+    }
+    let mut path = u.path().trim_start_matches('/').split('/');
+    let service = path.next().unwrap_or_default().to_string();
+    if service.is_empty() {
+        return Err(Error::config(format!(
+            "{:?} names no service; write redis+sentinel://host:port,host:port/SERVICE[/db]",
+            u.redacted()
+        )));
+    }
+    let db = match path.next().filter(|d| !d.is_empty()) {
+        Some(d) => d.parse().map_err(|_| {
+            Error::config(format!(
+                "{:?}: the database {d:?} after the service is not a number",
+                u.redacted()
+            ))
+        })?,
+        None => 0,
+    };
+    let target = SentinelTarget {
+        sentinels,
+        service,
+        db,
+        user: u.user().map(str::to_string),
+        password: u.password().map(str::to_string),
+        sentinel_user: u.take("sentinel_user"),
+        sentinel_password: u.take("sentinel_password"),
+    };
+    u.finish()?;
+    Ok(target)
+}
+
 /// Takes the options of the table above out of `u` (the rest are the redis
 /// client's).
 fn take_options(u: &mut BackendUrl) -> Result<RedisOptions> {
@@ -199,6 +289,10 @@ mod tests {
     fn the_options_table_lists_every_option_the_parser_takes() {
         let mut u = BackendUrl::parse("redis", "redis://h", &["redis"]).unwrap();
         take_options(&mut u).unwrap();
+        let mut s =
+            BackendUrl::parse("redis", "redis+sentinel://h/s", &["redis+sentinel"]).unwrap();
+        sentinel_target(&mut s).unwrap();
+        fencelock_testkit::assert_options_documented(include_str!("options.rs"), s.asked());
         fencelock_testkit::assert_options_documented(include_str!("options.rs"), u.asked());
     }
 
@@ -228,6 +322,44 @@ mod tests {
         );
         let (t, _) = parse_url("rediss+cluster://h1:1").unwrap();
         assert_eq!(t, Target::Cluster(vec!["rediss://h1:1".into()]));
+    }
+
+    #[test]
+    fn sentinel_url_names_sentinels_service_db_and_logins() {
+        let (t, o) = parse_url(
+            "redis+sentinel://:pw@s1:7211,s2,[::1]:7213/orders/2?sentinel_password=spw&prefix=x:",
+        )
+        .unwrap();
+        assert_eq!(
+            t,
+            Target::Sentinel(SentinelTarget {
+                sentinels: vec![
+                    ("s1".into(), 7211),
+                    ("s2".into(), 26379),
+                    ("::1".into(), 7213)
+                ],
+                service: "orders".into(),
+                db: 2,
+                user: None,
+                password: Some("pw".into()),
+                sentinel_user: None,
+                sentinel_password: Some("spw".into()),
+            })
+        );
+        assert_eq!(o.prefix, "x:");
+        for (url, needle) in [
+            ("redis+sentinel://s1/", "no service"),
+            ("redis+sentinel:///svc", "no Sentinel"),
+            ("redis+sentinel://s1:x/svc", "port"),
+            ("redis+sentinel://s1/svc/x", "database"),
+            (
+                "redis+sentinel://s1/svc?protocol=resp3",
+                "unknown redis option",
+            ),
+        ] {
+            let e = parse_url(url).unwrap_err().to_string();
+            assert!(e.contains(needle), "{url}: {e}");
+        }
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod faults;
 mod flaky;
 mod holder;
 mod proxy;
+pub mod sentinel;
 mod server;
 
 pub use conformance::{

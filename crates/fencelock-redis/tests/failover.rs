@@ -1,0 +1,160 @@
+//! The seeds' failure, live: a master dies before its replica copied a grant,
+//! the Sentinels promote the replica, and a second client is granted the same
+//! key. Each test runs a private master, replica and three Sentinels
+//! (`fencelock_testkit::sentinel`).
+
+use std::time::{Duration, Instant};
+
+use fencelock_core::{Backend, Error, Key, Locker, LostReason};
+use fencelock_redis::RedisBackend;
+use fencelock_testkit::sentinel::SentinelSetup;
+
+/// How long the Sentinels may take to promote a replica here (down after 1 s,
+/// then an election), with room for a loaded machine.
+const FAILOVER: Duration = Duration::from_secs(30);
+
+fn setup(name: &str) -> (tempfile::TempDir, SentinelSetup) {
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("fencelock-failover-{name}-"))
+        .tempdir()
+        .expect("temp dir");
+    let s = SentinelSetup::start(dir.path(), 1, Duration::from_secs(1)).expect("sentinel setup");
+    (dir, s)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_the_replica_missed_is_granted_again_after_a_failover_and_the_old_holder_is_fenced_off()
+ {
+    let (_dir, mut s) = setup("missed");
+    let url = s.url("");
+    let a = RedisBackend::connect(&url).await.expect("connect A");
+    let key = Key::new("orders/1").unwrap();
+    let old = s.master_port().unwrap();
+
+    // A is granted on the master while its replica is cut off; the master
+    // dies before the replica could copy the grant.
+    s.isolate_replicas(old).unwrap();
+    let guard_a = Locker::new(a.clone())
+        .lock(key.as_str())
+        .acquire()
+        .await
+        .expect("A is granted on the master");
+    let token_a = guard_a.token().expect("redis fences");
+    s.node(old).kill();
+    s.resume_replicas(old).unwrap();
+    let new = s.wait_for_failover(old, FAILOVER).unwrap();
+    let failed_over = Instant::now();
+    assert_ne!(new, old);
+
+    // B is granted the same key on the new master: the hold was lost.
+    let b = RedisBackend::connect(&url).await.expect("connect B");
+    let guard_b = Locker::new(b.clone())
+        .lock(key.as_str())
+        .wait(FAILOVER)
+        .acquire()
+        .await
+        .expect("B is granted on the new master");
+    let token_b = guard_b.token().expect("redis fences");
+    assert!(
+        token_b > token_a,
+        "tokens are floored at the server clock: B's {token_b:?} must pass A's {token_a:?}"
+    );
+
+    // The fence keeps the resource safe: A's late write is refused.
+    let resource = "{orders/1}:state";
+    assert!(b.fenced_set(resource, token_b, "B").await.unwrap());
+    // (A's first command after the failover finds its connection broken,
+    // as on any reconnect; the next goes to the new master.)
+    let mut late = a.fenced_set(resource, token_a, "A").await;
+    for _ in 0..5 {
+        match late {
+            Err(ref e) if e.is_transient() => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                late = a.fenced_set(resource, token_a, "A").await;
+            }
+            _ => break,
+        }
+    }
+    assert!(!late.unwrap(), "A's stale write went through");
+
+    // A learns at its next renewal that the hold is gone (a third of the
+    // 30 s TTL after its last renewal, plus the failover).
+    let lost = tokio::time::timeout(Duration::from_secs(25), guard_a.lost())
+        .await
+        .expect("A never learned it lost the lock");
+    assert!(
+        matches!(
+            &lost,
+            Error::Lost {
+                reason: LostReason::NotHeld(_),
+                ..
+            }
+        ),
+        "A should learn from the new master that the hold is gone, not by expiry: {lost}"
+    );
+    eprintln!(
+        "A learned it lost the lock {:?} after the failover",
+        failed_over.elapsed()
+    );
+    assert!(guard_b.is_valid());
+    guard_b.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_wait_replicas_a_grant_outlives_the_failover_and_no_replica_means_no_grant() {
+    let (_dir, mut s) = setup("wait");
+    let url = s.url("?wait_replicas=1");
+    let a = RedisBackend::connect(&url).await.expect("connect A");
+    let key = Key::new("orders/2").unwrap();
+    let old = s.master_port().unwrap();
+
+    // Granted only once the replica has it: the failover keeps the hold.
+    let guard_a = Locker::new(a.clone())
+        .lock(key.as_str())
+        .acquire()
+        .await
+        .expect("A is granted with the replica's acknowledgement");
+    s.node(old).kill();
+    let new = s.wait_for_failover(old, FAILOVER).unwrap();
+    let b = RedisBackend::connect(&s.url("")).await.expect("connect B");
+    let refused = Locker::new(b.clone())
+        .lock(key.as_str())
+        .try_acquire()
+        .await
+        .expect("B asks the new master");
+    assert!(refused.is_none(), "B was granted while A's hold lives");
+    // A's next renewal reaches the new master and keeps the hold.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert!(
+        guard_a.is_valid(),
+        "A lost its hold: {:?}",
+        guard_a.lease().lost_reason()
+    );
+    let info = b.inspect(&key).await.unwrap().expect("the lock is held");
+    assert_eq!(info.holders.len(), 1);
+    guard_a.release().await.unwrap();
+
+    // With no replica answering, no grant is made: the acquire fails after
+    // wait_timeout (1 s) and leaves nothing behind.
+    s.isolate_replicas(new).unwrap();
+    let started = Instant::now();
+    let e = Locker::new(a.clone())
+        .lock(key.as_str())
+        .acquire()
+        .await
+        .expect_err("no grant without a replica");
+    s.resume_replicas(new).unwrap();
+    assert!(
+        e.to_string().contains("replicas acknowledged"),
+        "the error should say why: {e}"
+    );
+    eprintln!(
+        "refused after {:?} without a replica: {e}",
+        started.elapsed()
+    );
+    let info = b.inspect(&key).await.unwrap();
+    assert!(
+        info.as_ref().is_none_or(|i| i.holders.is_empty()),
+        "the refused grant was left behind: {info:?}"
+    );
+}
