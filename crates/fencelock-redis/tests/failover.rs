@@ -1,13 +1,14 @@
 //! The seeds' failure, live: a master dies before its replica copied a grant,
-//! the Sentinels promote the replica, and a second client is granted the same
-//! key. Each test runs a private master, replica and three Sentinels
-//! (`fencelock_testkit::sentinel`).
+//! the replica is promoted (by the Sentinels, or by the cluster), and a second
+//! client is granted the same key. Each test runs a private master, replica
+//! and three Sentinels, or a private cluster with a replica per primary
+//! (`fencelock_testkit::replicated`).
 
 use std::time::{Duration, Instant};
 
 use fencelock_core::{Backend, Error, Key, Locker, LostReason};
 use fencelock_redis::RedisBackend;
-use fencelock_testkit::sentinel::SentinelSetup;
+use fencelock_testkit::replicated::{ClusterSetup, SentinelSetup};
 
 /// How long the Sentinels may take to promote a replica here (down after 1 s,
 /// then an election), with room for a loaded machine.
@@ -157,4 +158,76 @@ async fn with_wait_replicas_a_grant_outlives_the_failover_and_no_replica_means_n
         info.as_ref().is_none_or(|i| i.holders.is_empty()),
         "the refused grant was left behind: {info:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_grant_the_replica_missed_is_granted_again_after_a_failover_and_fenced_off()
+{
+    let dir = tempfile::Builder::new()
+        .prefix("fencelock-failover-cluster-")
+        .tempdir()
+        .expect("temp dir");
+    let mut c = ClusterSetup::start(dir.path(), Duration::from_secs(2)).expect("cluster setup");
+    let url = c.url("");
+    let a = RedisBackend::connect(&url).await.expect("connect A");
+    let key = Key::new("orders/3").unwrap();
+    let name = "fencelock:{orders/3}";
+    let old = c.primary_of(name).unwrap();
+
+    let replicas = c.isolate_replicas(old).unwrap();
+    let guard_a = Locker::new(a.clone())
+        .lock(key.as_str())
+        .acquire()
+        .await
+        .expect("A is granted on the primary");
+    let token_a = guard_a.token().expect("redis fences");
+    c.node(old).kill();
+    c.resume(&replicas).unwrap();
+    let new = c.wait_for_failover(old, name, FAILOVER).unwrap();
+    assert!(
+        replicas.contains(&new),
+        "{new} not in {replicas:?} (old {old})"
+    );
+
+    let b = RedisBackend::connect(&url).await.expect("connect B");
+    let guard_b = Locker::new(b.clone())
+        .lock(key.as_str())
+        .wait(FAILOVER)
+        .acquire()
+        .await
+        .expect("B is granted on the new primary");
+    let token_b = guard_b.token().expect("redis fences");
+    assert!(
+        token_b > token_a,
+        "B's {token_b:?} must pass A's {token_a:?}"
+    );
+
+    let resource = "{orders/3}:state";
+    assert!(b.fenced_set(resource, token_b, "B").await.unwrap());
+    let mut late = a.fenced_set(resource, token_a, "A").await;
+    for _ in 0..5 {
+        match late {
+            Err(ref e) if e.is_transient() => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                late = a.fenced_set(resource, token_a, "A").await;
+            }
+            _ => break,
+        }
+    }
+    assert!(!late.unwrap(), "A's stale write went through");
+
+    let lost = tokio::time::timeout(Duration::from_secs(25), guard_a.lost())
+        .await
+        .expect("A never learned it lost the lock");
+    assert!(
+        matches!(
+            &lost,
+            Error::Lost {
+                reason: LostReason::NotHeld(_),
+                ..
+            }
+        ),
+        "A should learn from the new primary that the hold is gone: {lost}"
+    );
+    guard_b.release().await.unwrap();
 }

@@ -12,7 +12,7 @@ pub mod faults;
 mod flaky;
 mod holder;
 mod proxy;
-pub mod sentinel;
+pub mod replicated;
 mod server;
 
 pub use conformance::{
