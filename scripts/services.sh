@@ -82,35 +82,84 @@ start_redlock() {
     fi
 }
 
+# A cluster of three primaries (7101-7103) with a replica each (7104-7106).
 cluster_ok() {
-    redis-cli -p 7101 cluster info 2>/dev/null | grep -q 'cluster_state:ok'
+    local info
+    info=$(redis-cli -p 7101 cluster info 2>/dev/null) || return 1
+    echo "$info" | grep -q 'cluster_state:ok' && echo "$info" | grep -q 'cluster_known_nodes:6'
 }
 
 start_redis_cluster() {
     if cluster_ok; then
-        say "redis cluster" "127.0.0.1:7101-7103" "already running"
+        say "redis cluster" "127.0.0.1:7101-7106" "already running"
         return
     fi
     ensure_pkg redis-server redis-server
     ensure_pkg redis-tools redis-cli
     local port
-    for port in 7101 7102 7103; do
+    for port in 7101 7102 7103 7104 7105 7106; do
         redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
     done
-    for port in 7101 7102 7103; do
+    for port in 7101 7102 7103 7104 7105 7106; do
         start_redis_server "$port" --cluster-enabled yes --cluster-config-file nodes.conf \
-            --cluster-node-timeout 2000
+            --cluster-node-timeout 5000 --repl-diskless-sync-delay 0
         wait_port "redis cluster node" "$port"
     done
+    # The first three become the primaries, in order.
     redis-cli --cluster create 127.0.0.1:7101 127.0.0.1:7102 127.0.0.1:7103 \
-        --cluster-replicas 0 --cluster-yes >"$STATE_DIR/redis-cluster-create.log" 2>&1
+        127.0.0.1:7104 127.0.0.1:7105 127.0.0.1:7106 \
+        --cluster-replicas 1 --cluster-yes >"$STATE_DIR/redis-cluster-create.log" 2>&1
     local i
     for ((i = 0; i < 100; i++)); do
         cluster_ok && break
         sleep 0.1
     done
     cluster_ok || { echo "services: redis cluster did not reach cluster_state:ok" >&2; return 1; }
-    say "redis cluster" "127.0.0.1:7101-7103" started
+    say "redis cluster" "127.0.0.1:7101-7106" "started (3 primaries, 3 replicas)"
+}
+
+# A master (7201) with two replicas (7202, 7203) and three Sentinels
+# (7211-7213) monitoring it as the service `fencelock`.
+sentinel_ok() {
+    local port
+    port=$(redis-cli -p 7211 sentinel get-master-addr-by-name fencelock 2>/dev/null | sed -n 2p)
+    [ -n "$port" ] && redis-cli -p "$port" role 2>/dev/null | head -1 | grep -q master &&
+        port_open 7212 && port_open 7213
+}
+
+start_redis_sentinel() {
+    ensure_pkg redis-server redis-server
+    ensure_pkg redis-sentinel redis-sentinel
+    if sentinel_ok; then
+        say "redis sentinel" "127.0.0.1:7211-7213" "already running"
+        return
+    fi
+    local port dir i
+    for port in 7201 7202 7203 7211 7212 7213; do
+        redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
+    done
+    start_redis_server 7201 --repl-diskless-sync-delay 0
+    for port in 7202 7203; do
+        start_redis_server "$port" --repl-diskless-sync-delay 0 --replicaof 127.0.0.1 7201
+    done
+    for port in 7211 7212 7213; do
+        dir="$STATE_DIR/sentinel-$port"
+        rm -rf "$dir"
+        mkdir -p "$dir"
+        printf '%s\n' "port $port" "bind 127.0.0.1" "dir $dir" "daemonize yes" \
+            "pidfile $STATE_DIR/sentinel-$port.pid" "logfile $dir/sentinel.log" \
+            "sentinel monitor fencelock 127.0.0.1 7201 2" \
+            "sentinel down-after-milliseconds fencelock 5000" \
+            "sentinel failover-timeout fencelock 30000" >"$dir/sentinel.conf"
+        redis-sentinel "$dir/sentinel.conf"
+        wait_port "redis sentinel" "$port"
+    done
+    for ((i = 0; i < 100; i++)); do
+        sentinel_ok && break
+        sleep 0.1
+    done
+    sentinel_ok || { echo "services: the Sentinels do not name a master" >&2; return 1; }
+    say "redis sentinel" "127.0.0.1:7211-7213" "started (master 7201, replicas 7202-7203)"
 }
 
 ZK_CLASSPATH="/etc/zookeeper/conf_example:/usr/share/java/zookeeper.jar"
@@ -345,6 +394,7 @@ main() {
     start_redis
     start_redlock
     start_redis_cluster
+    start_redis_sentinel
     start_zookeeper
     start_postgres
     start_mariadb

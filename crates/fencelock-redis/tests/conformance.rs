@@ -1,5 +1,7 @@
 //! The Redis backend against the conformance suite, on the shared test servers
-//! (scripts/services.sh): a single Redis on 6379 and a 3-master cluster on 7101–7103.
+//! (scripts/services.sh): a single Redis on 6379, a cluster of three primaries
+//! (7101–7103, a replica each) and a Sentinel service (Sentinels on 7211–7213,
+//! a master and two replicas).
 
 use std::sync::Arc;
 
@@ -10,6 +12,8 @@ use fencelock_testkit::{Harness, conformance_tests};
 
 pub const SINGLE: &str = "redis://127.0.0.1:6379";
 pub const CLUSTER: &str = "redis+cluster://127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103";
+pub const SENTINEL: &str =
+    "redis+sentinel://127.0.0.1:7211,127.0.0.1:7212,127.0.0.1:7213/fencelock";
 
 struct Redis {
     url: &'static str,
@@ -37,6 +41,11 @@ mod single {
 mod cluster {
     use super::*;
     conformance_tests!("redis-cluster", Redis { url: CLUSTER }, none_skipped);
+}
+
+mod sentinel {
+    use super::*;
+    conformance_tests!("redis-sentinel", Redis { url: SENTINEL }, none_skipped);
 }
 
 mod redlock {
