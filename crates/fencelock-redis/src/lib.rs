@@ -1,5 +1,7 @@
 //! The Redis backend of fencelock: Redisson-grade locks on one Redis
-//! (`redis://`, `rediss://`) or a Redis Cluster (`redis+cluster://h1:p1,h2:p2`).
+//! (`redis://`, `rediss://`), a Redis Cluster (`redis+cluster://h1:p1,h2:p2`)
+//! or the master of a service that Redis Sentinels watch
+//! (`redis+sentinel://s1:p1,s2:p2,s3:p3/SERVICE[/db]`).
 //!
 //! # Algorithm
 //!
@@ -30,8 +32,8 @@
 //!
 //! # What is guaranteed, and under which assumptions
 //!
-//! On one Redis (`redis://`) and per key on a Redis Cluster (a key lives on one
-//! primary):
+//! On one Redis (`redis://`, or the master a Sentinel service names) and per
+//! key on a Redis Cluster (a key lives on one primary):
 //!
 //! - **Exclusion.** While a guard [is valid](fencelock_core::Guard::is_valid),
 //!   no other owner is granted the key (no writer beside readers, at most N
@@ -106,6 +108,46 @@
 //! are refused while a writer waits there, so readers cannot starve writers
 //! (as in a fair read-write lock: a second read lock taken, by another owner,
 //! while holding one waits behind a waiting writer).
+//!
+//! # Sentinel and failover
+//!
+//! `redis+sentinel://[user:password@]s1:p1,s2:p2/SERVICE[/db]` names the
+//! Sentinels (port 26379 if none is given) and the service they monitor; the
+//! login is the data nodes', `sentinel_user=` and `sentinel_password=` are
+//! the Sentinels'. The client asks the Sentinels for the master, connects,
+//! and uses the connection only once the server answers `ROLE` with
+//! `master`. A command that fails as commands fail in a failover (the
+//! connection drops or times out, `READONLY`, `MASTERDOWN`) drops the
+//! connection, and the next one asks the Sentinels again; so renewals,
+//! releases and waiters reach the new master, a client never writes to a
+//! replica, and never returns to an old master the Sentinels no longer name.
+//! No TLS through Sentinel yet.
+//!
+//! Replication is asynchronous, so a failover can lose grants: a hold the
+//! replica had not copied when the master died is gone on the new master,
+//! which grants the key again (`tests/failover.rs`, for Sentinel and for a
+//! cluster with a replica per primary; the same holds for a cluster's
+//! primary). What stays true:
+//!
+//! - the new holder's token is larger than the lost holder's (tokens are
+//!   floored at the server's µs clock: the promoted replica's clock must not
+//!   be behind the old master's by more than the failover took), so the old
+//!   holder's fenced writes are refused;
+//! - the old holder's `lost()` fires at its first renewal that reaches the
+//!   new master: within a third of its TTL after the promotion, plus a
+//!   connect (about 3 s after the promotion in that test, default TTL);
+//!   until then it believes it holds the lock;
+//! - a waiter is granted once the new master answers (down-after plus the
+//!   Sentinels' election; about 2–3 s with `down-after-milliseconds` 1 s).
+//!
+//! With `wait_replicas=1` a grant counts only once a replica acknowledged it,
+//! so after the same failover the new master still has the hold: the next
+//! client is refused while it lives, and the holder's renewals go on. The
+//! cost: with no replica answering nothing is granted (each acquire fails
+//! after `wait_timeout`, 1 s, saying so, and leaves nothing behind), and a
+//! grant takes a replica's round trip. `WAIT` is not consensus: a replica
+//! that acknowledged can still lose the grant (it crashes too, or the
+//! Sentinels promote another replica that did not have it).
 //!
 //! # Defaults, restarts and frozen clients
 //!

@@ -122,7 +122,22 @@ impl Master {
     /// Asks the Sentinels for the master, connects, checks that the server
     /// is the master, and subscribes the channels again.
     async fn connect(&self, lookup: &mut SentinelClient) -> RedisResult<MultiplexedConnection> {
-        let client = lookup.async_get_client().await?;
+        let client = lookup.async_get_client().await.map_err(|e| {
+            if e.kind() == ErrorKind::MasterNameNotFoundBySentinel {
+                // Also while the Sentinels see the master down, before they
+                // promote a replica: worth waiting through.
+                RedisError::from((
+                    ErrorKind::Io,
+                    "the Sentinels name no master that is up",
+                    format!(
+                        "service {:?}: a failover in progress, or no such service",
+                        self.service
+                    ),
+                ))
+            } else {
+                e
+            }
+        })?;
         let mut conn = client
             .get_multiplexed_async_connection_with_config(&self.config)
             .await?;

@@ -41,20 +41,30 @@ async fn a_grant_the_replica_missed_is_granted_again_after_a_failover_and_the_ol
         .await
         .expect("A is granted on the master");
     let token_a = guard_a.token().expect("redis fences");
+    // B waits from the moment the master dies.
+    let b = RedisBackend::connect(&url).await.expect("connect B");
     s.node(old).kill();
+    let killed = Instant::now();
+    let waiter = {
+        let (b, key) = (b.clone(), key.clone());
+        tokio::spawn(async move {
+            let g = Locker::new(b)
+                .lock(key.as_str())
+                .wait(FAILOVER)
+                .acquire()
+                .await;
+            (g, killed.elapsed())
+        })
+    };
     s.resume_replicas(old).unwrap();
     let new = s.wait_for_failover(old, FAILOVER).unwrap();
     let failed_over = Instant::now();
     assert_ne!(new, old);
 
     // B is granted the same key on the new master: the hold was lost.
-    let b = RedisBackend::connect(&url).await.expect("connect B");
-    let guard_b = Locker::new(b.clone())
-        .lock(key.as_str())
-        .wait(FAILOVER)
-        .acquire()
-        .await
-        .expect("B is granted on the new master");
+    let (guard_b, waited) = waiter.await.unwrap();
+    let guard_b = guard_b.expect("B is granted on the new master");
+    eprintln!("B waited {waited:?} from the master's death to its grant");
     let token_b = guard_b.token().expect("redis fences");
     assert!(
         token_b > token_a,

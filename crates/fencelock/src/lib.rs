@@ -11,7 +11,7 @@
 //! |---|---|---|
 //! | `memory://[name]` | this process's memory | always |
 //! | `sqlite://PATH` (`sqlite://` = default file) | a SQLite file shared by the machine's processes | `sqlite` (default) |
-//! | `redis://`, `rediss://`, `redis+cluster://h1:p1,h2:p2` | Redis, Redis Cluster | `redis` |
+//! | `redis://`, `rediss://`, `redis+cluster://h1:p1,h2:p2`, `redis+sentinel://s1:p1,s2:p2/SERVICE` | Redis, Redis Cluster, the master of a Sentinel service | `redis` |
 //! | `redlock://h1:p1,h2:p2,h3:p3,…` | Redlock over N independent Redis masters | `redis` |
 //! | `zk://h1:p1,h2:p2/chroot` | ZooKeeper (Curator-compatible recipes) | `zookeeper` |
 //! | `etcd://h1:p1,h2:p2` (`etcds://` for TLS) | etcd (the layout of Go's `concurrency.Mutex`) | `etcd` (needs `protoc`), `etcd-tls` |
@@ -105,7 +105,13 @@ const KNOWN: &[(&str, &[&str], &str)] = &[
     ("sqlite", &["sqlite"], "sqlite"),
     (
         "redis",
-        &["redis", "rediss", "redis+cluster", "rediss+cluster"],
+        &[
+            "redis",
+            "rediss",
+            "redis+cluster",
+            "rediss+cluster",
+            "redis+sentinel",
+        ],
         "redis",
     ),
     ("redlock", &["redlock", "rediss+redlock"], "redis"),
