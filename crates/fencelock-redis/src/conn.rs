@@ -187,7 +187,11 @@ impl Conn {
                     client.get_async_connection().await.map_err(err)?,
                 ))
             }
-            Target::Sentinel(t) => Ok(Conn::Sentinel(Arc::new(sentinel_master(t, options, push)?))),
+            Target::Sentinel(t) => {
+                let master = sentinel_master(t, options, push)?;
+                master.check_service().await.map_err(Error::config)?;
+                Ok(Conn::Sentinel(Arc::new(master)))
+            }
         }
     }
 

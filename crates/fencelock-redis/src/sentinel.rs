@@ -166,6 +166,38 @@ impl Master {
         Ok(conn)
     }
 
+    /// Fails with a configuration error if a Sentinel that answers monitors
+    /// no service of this name (the lookup cannot tell that from a master
+    /// that is down).
+    pub(crate) async fn check_service(&self) -> Result<(), String> {
+        let client = {
+            let mut lookup = self.lookup.lock().await;
+            let find: std::pin::Pin<
+                Box<dyn Future<Output = RedisResult<redis::Client>> + Send + '_>,
+            > = Box::pin(lookup.async_get_sentinel_client());
+            match tokio::time::timeout(self.connect_timeout, find).await {
+                Ok(Ok(c)) => c,
+                // No Sentinel answers: the first command says so.
+                _ => return Ok(()),
+            }
+        };
+        let asked = async {
+            let mut conn = client.get_multiplexed_async_connection().await?;
+            redis::cmd("SENTINEL")
+                .arg("MASTER")
+                .arg(&self.service)
+                .query_async::<Value>(&mut conn)
+                .await
+        };
+        match tokio::time::timeout(self.connect_timeout, asked).await {
+            Ok(Err(e)) if e.to_string().contains("No such master") => Err(format!(
+                "the Sentinels monitor no service named {:?} (the path of a redis+sentinel:// URL names it)",
+                self.service
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// Drops connection `id` (if it is still the current one).
     fn forget(&self, id: u64) {
         let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
