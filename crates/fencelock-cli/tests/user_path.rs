@@ -38,6 +38,12 @@ fn configs(dir: &Path) -> Vec<Config> {
             true,
         ),
         c(
+            "redis sentinel",
+            "redis+sentinel://127.0.0.1:7211,127.0.0.1:7212,127.0.0.1:7213/fencelock",
+            true,
+            true,
+        ),
+        c(
             "redlock",
             "redlock://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003",
             true,
