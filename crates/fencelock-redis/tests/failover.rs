@@ -14,19 +14,29 @@ use fencelock_testkit::replicated::{ClusterSetup, SentinelSetup};
 /// then an election), with room for a loaded machine.
 const FAILOVER: Duration = Duration::from_secs(30);
 
-fn setup(name: &str) -> (tempfile::TempDir, SentinelSetup) {
+/// The first test's Sentinels' `down-after-milliseconds`: 1 s, or
+/// `FENCELOCK_DOWN_AFTER` (to measure a failover with Sentinel's default,
+/// `30s`: BENCHMARKS.md).
+fn down_after() -> Duration {
+    std::env::var("FENCELOCK_DOWN_AFTER")
+        .ok()
+        .and_then(|d| humantime::parse_duration(&d).ok())
+        .unwrap_or(Duration::from_secs(1))
+}
+
+fn setup(name: &str, down_after: Duration) -> (tempfile::TempDir, SentinelSetup) {
     let dir = tempfile::Builder::new()
         .prefix(&format!("fencelock-failover-{name}-"))
         .tempdir()
         .expect("temp dir");
-    let s = SentinelSetup::start(dir.path(), 1, Duration::from_secs(1)).expect("sentinel setup");
+    let s = SentinelSetup::start(dir.path(), 1, down_after).expect("sentinel setup");
     (dir, s)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_the_replica_missed_is_granted_again_after_a_failover_and_the_old_holder_is_fenced_off()
  {
-    let (_dir, mut s) = setup("missed");
+    let (_dir, mut s) = setup("missed", down_after());
     let url = s.url("");
     let a = RedisBackend::connect(&url).await.expect("connect A");
     let key = Key::new("orders/1").unwrap();
@@ -50,14 +60,14 @@ async fn a_grant_the_replica_missed_is_granted_again_after_a_failover_and_the_ol
         tokio::spawn(async move {
             let g = Locker::new(b)
                 .lock(key.as_str())
-                .wait(FAILOVER)
+                .wait(FAILOVER + down_after())
                 .acquire()
                 .await;
             (g, killed.elapsed())
         })
     };
     s.resume_replicas(old).unwrap();
-    let new = s.wait_for_failover(old, FAILOVER).unwrap();
+    let new = s.wait_for_failover(old, FAILOVER + down_after()).unwrap();
     let failed_over = Instant::now();
     assert_ne!(new, old);
 
@@ -113,7 +123,7 @@ async fn a_grant_the_replica_missed_is_granted_again_after_a_failover_and_the_ol
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_wait_replicas_a_grant_outlives_the_failover_and_no_replica_means_no_grant() {
-    let (_dir, mut s) = setup("wait");
+    let (_dir, mut s) = setup("wait", Duration::from_secs(1));
     let url = s.url("?wait_replicas=1");
     let a = RedisBackend::connect(&url).await.expect("connect A");
     let key = Key::new("orders/2").unwrap();
