@@ -137,8 +137,17 @@
 //!   new master: within a third of its TTL after the promotion, plus a
 //!   connect (about 3 s after the promotion in that test, default TTL);
 //!   until then it believes it holds the lock;
-//! - a waiter is granted once the new master answers (down-after plus the
-//!   Sentinels' election; about 2–3 s with `down-after-milliseconds` 1 s).
+//! - a waiter is granted once the new master answers: 4.0 s after the
+//!   master's death with `down-after-milliseconds` 1 s, 34.7 s with
+//!   Sentinel's default of 30 s (BENCHMARKS.md).
+//!
+//! Every holder's renewals fail until the Sentinels have promoted a replica.
+//! A failover that takes longer than a TTL ends every hold by its deadline
+//! (`lost()` fires, `run` stops its command), with or without
+//! `wait_replicas`: with Sentinel's default `down-after-milliseconds` of 30 s
+//! that is every hold of the default 30 s TTL. Keep down-after plus the
+//! election well under the TTL (5 s down-after for the default TTL), or
+//! raise the TTL.
 //!
 //! With `wait_replicas=1` a grant counts only once a replica acknowledged it,
 //! so after the same failover the new master still has the hold: the next
