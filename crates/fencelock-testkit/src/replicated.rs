@@ -203,6 +203,24 @@ impl SentinelSetup {
         Ok(())
     }
 
+    /// Starts the data node on `port` again (empty), as a replica of the
+    /// master the Sentinels name now; they reconfigure it if that changes.
+    ///
+    /// # Errors
+    ///
+    /// If no Sentinel names a master, or the node does not start.
+    pub fn restart_node(&mut self, port: u16) -> io::Result<()> {
+        let master = self.master_port()?;
+        self.node(port).kill();
+        let _ = std::fs::remove_dir_all(self.dir.join(format!("redis-{port}")));
+        let of = vec!["--replicaof".to_string(), format!("127.0.0.1 {master}")];
+        let fresh = redis_server(&self.dir, port, &of)?;
+        if let Some(n) = self.nodes.iter_mut().find(|n| n.port() == port) {
+            *n = fresh;
+        }
+        Ok(())
+    }
+
     /// Waits until the Sentinels name a master other than `old` and that
     /// server says it is the master; returns its port. (Sentinel has no
     /// event a test could wait on instead.)

@@ -197,6 +197,7 @@ enum Heal {
     ClockZero(usize),
     Respawn(usize),
     Members(Vec<usize>, bool),
+    FailOver,
 }
 
 struct Active {
@@ -236,7 +237,9 @@ pub async fn run(cfg: Config) -> io::Result<Report> {
     drop(probe);
     let scheme = url.split("://").next().unwrap_or("").to_string();
     let endpoints = Endpoints::parse(&url);
-    let (faults, skipped) = usable_faults(&cfg, endpoints.is_some(), scheme.contains("cluster"));
+    // Cluster and Sentinel clients reach data nodes the proxies do not stand before.
+    let topology = scheme.contains("cluster") || scheme.contains("sentinel");
+    let (faults, skipped) = usable_faults(&cfg, endpoints.is_some(), topology);
     let register = Register::start().await?;
     let log_dir = tempfile::Builder::new()
         .prefix("fencelock-torture-log-")
@@ -581,6 +584,15 @@ impl Campaign {
             | FaultKind::Leader
             | FaultKind::Minority
             | FaultKind::Majority => self.server_fault(kind, rng)?,
+            FaultKind::Failover => {
+                let ttl = self.cfg.ttl;
+                let master = self.servers.as_mut()?.isolate_master()?;
+                (
+                    format!("master {master}"),
+                    Heal::FailOver,
+                    Self::rng_dur(rng, ttl, 0.2, 1.0),
+                )
+            }
         };
         Some(Active {
             record: FaultRecord {
@@ -792,6 +804,13 @@ impl Campaign {
                         self.slots[i].incarnation = inc;
                     }
                     Err(e) => eprintln!("torture: cannot start a client again: {e}"),
+                }
+            }
+            Heal::FailOver => {
+                if let Some(servers) = self.servers.as_mut()
+                    && let Err(e) = tokio::task::block_in_place(|| servers.fail_over())
+                {
+                    eprintln!("torture: the failover did not complete: {e}");
                 }
             }
             Heal::Members(ref members, keep) => {

@@ -32,11 +32,15 @@ pub enum FaultKind {
     Minority,
     /// A majority of members (3 of 5, 2 of 3) is SIGKILLed: no quorum until they return.
     Majority,
+    /// A Redis master is cut off from its replica for a while, then
+    /// SIGKILLed; the Sentinels promote the replica, which lacks what the
+    /// master granted meanwhile. The old master comes back as a replica.
+    Failover,
 }
 
 impl FaultKind {
     /// Every kind with its name.
-    pub const ALL: [(&'static str, FaultKind); 12] = [
+    pub const ALL: [(&'static str, FaultKind); 13] = [
         ("pause", FaultKind::Pause),
         ("kill", FaultKind::Kill),
         ("partition", FaultKind::Partition),
@@ -49,6 +53,7 @@ impl FaultKind {
         ("leader", FaultKind::Leader),
         ("minority", FaultKind::Minority),
         ("majority", FaultKind::Majority),
+        ("failover", FaultKind::Failover),
     ];
 
     /// Parses a comma-separated list of names (`all` for every kind).
@@ -99,7 +104,7 @@ impl FaultKind {
         match self {
             Pause | Kill | Clock => None,
             Partition | LostReply | Latency | Freeze if cluster_topology => {
-                Some("Redis Cluster clients follow the topology around the proxies")
+                Some("Redis Cluster and Sentinel clients follow the topology around the proxies")
             }
             Partition | LostReply | Latency | Freeze if !proxied => {
                 Some("the backend has no network server")
@@ -107,6 +112,13 @@ impl FaultKind {
             Partition | LostReply | Latency | Freeze => None,
             _ if spawned.is_none() => {
                 Some("needs servers the tool started (--spawn); only a URL was given")
+            }
+            Failover => match spawned {
+                Some(S::RedisSentinel | S::RedisSentinelWait) => None,
+                _ => Some("only a Redis Sentinel setup fails over"),
+            },
+            _ if matches!(spawned, Some(S::RedisSentinel | S::RedisSentinelWait)) => {
+                Some("a Sentinel setup's server fault is failover")
             }
             Restart => match spawned {
                 Some(S::Memcached) => Some("memcached keeps no data: its restart is restart-empty"),

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use fencelock_testkit::replicated::SentinelSetup;
 use fencelock_testkit::{ServerProcess, account_ids, free_port, postgres_program};
 
 /// Which private servers to start (`--spawn`).
@@ -36,11 +37,16 @@ pub enum SpawnKind {
     MysqlLease,
     /// The same server, `GET_LOCK` mode.
     MysqlGetLock,
+    /// A Redis master, one replica and three Sentinels (down-after 1 s), no
+    /// persistence, under `redis+sentinel://`.
+    RedisSentinel,
+    /// The same, grants acknowledged by the replica (`wait_replicas=1`).
+    RedisSentinelWait,
 }
 
 impl SpawnKind {
     /// Every kind, with its name on the command line.
-    pub const ALL: [(&'static str, SpawnKind); 9] = [
+    pub const ALL: [(&'static str, SpawnKind); 11] = [
         ("redis", SpawnKind::Redis),
         ("redlock", SpawnKind::Redlock),
         ("memcached", SpawnKind::Memcached),
@@ -50,6 +56,8 @@ impl SpawnKind {
         ("postgres-advisory", SpawnKind::PostgresAdvisory),
         ("mysql-lease", SpawnKind::MysqlLease),
         ("mysql-get-lock", SpawnKind::MysqlGetLock),
+        ("redis-sentinel", SpawnKind::RedisSentinel),
+        ("redis-sentinel-wait", SpawnKind::RedisSentinelWait),
     ];
 
     /// Parses a name of [`SpawnKind::ALL`].
@@ -78,6 +86,10 @@ struct Member {
 pub struct Servers {
     kind: SpawnKind,
     members: Vec<Member>,
+    /// The Sentinel kinds' servers (no members then).
+    sentinel: Option<SentinelSetup>,
+    /// The master a failover fault cut off from its replicas, until it heals.
+    failing_over: Option<u16>,
     _dir: tempfile::TempDir,
 }
 
@@ -95,7 +107,14 @@ impl Servers {
         let n = match kind {
             SpawnKind::Redlock => 5,
             SpawnKind::Etcd | SpawnKind::Zookeeper => 3,
+            SpawnKind::RedisSentinel | SpawnKind::RedisSentinelWait => 0,
             _ => 1,
+        };
+        let sentinel = match kind {
+            SpawnKind::RedisSentinel | SpawnKind::RedisSentinelWait => {
+                Some(SentinelSetup::start(dir.path(), 1, Duration::from_secs(1))?)
+            }
+            _ => None,
         };
         let members = (0..n)
             .map(|i| {
@@ -112,6 +131,8 @@ impl Servers {
         let mut s = Servers {
             kind,
             members,
+            sentinel,
+            failing_over: None,
             _dir: dir,
         };
         for i in 0..n {
@@ -153,7 +174,49 @@ impl Servers {
             }
             SpawnKind::MysqlLease => format!("mysql://root@{}/mysql?mode=lease", hosts[0]),
             SpawnKind::MysqlGetLock => format!("mysql://root@{}/mysql?mode=get_lock", hosts[0]),
+            SpawnKind::RedisSentinel | SpawnKind::RedisSentinelWait => {
+                let query = if self.kind == SpawnKind::RedisSentinelWait {
+                    "?wait_replicas=1"
+                } else {
+                    ""
+                };
+                self.sentinel
+                    .as_ref()
+                    .map_or_else(String::new, |s| s.url(query))
+            }
         }
+    }
+
+    /// A failover, first half: the master is cut off from its replica (so
+    /// what it grants from now on is lost in the failover); returns its port.
+    /// `None` without Sentinels, or while a failover is under way.
+    pub fn isolate_master(&mut self) -> Option<u16> {
+        if self.failing_over.is_some() {
+            return None;
+        }
+        let s = self.sentinel.as_mut()?;
+        let master = s.master_port().ok()?;
+        s.isolate_replicas(master).ok()?;
+        self.failing_over = Some(master);
+        Some(master)
+    }
+
+    /// A failover, second half: the master cut off by
+    /// [`Servers::isolate_master`] is SIGKILLed and its replica resumed;
+    /// returns once the Sentinels promoted it, with the old master started
+    /// again (empty) as a replica.
+    ///
+    /// # Errors
+    ///
+    /// If no replica is promoted within 60 s, or the old master does not start.
+    pub fn fail_over(&mut self) -> io::Result<()> {
+        let (Some(s), Some(old)) = (self.sentinel.as_mut(), self.failing_over.take()) else {
+            return Ok(());
+        };
+        s.node(old).kill();
+        s.resume_replicas(old)?;
+        s.wait_for_failover(old, Duration::from_secs(60))?;
+        s.restart_node(old)
     }
 
     /// Whether member `i` runs.
@@ -298,6 +361,11 @@ impl Servers {
                     cmd.args(["-u", "memcache"]);
                 }
                 ("memcached", cmd)
+            }
+            SpawnKind::RedisSentinel | SpawnKind::RedisSentinelWait => {
+                return Err(io::Error::other(
+                    "a Sentinel setup starts its servers itself",
+                ));
             }
             SpawnKind::Etcd => ("etcd", self.etcd_command(i, first)),
             SpawnKind::Zookeeper => ("zookeeper", self.zookeeper_command(i)?),
