@@ -190,7 +190,7 @@ impl Conn {
             Target::Sentinel(t) => {
                 let master = sentinel_master(t, options, push)?;
                 master.check_service().await.map_err(Error::config)?;
-                Ok(Conn::Sentinel(Arc::new(master)))
+                Ok(Conn::Sentinel(master))
             }
         }
     }
@@ -375,37 +375,39 @@ fn sentinel_master(
     t: &SentinelTarget,
     options: &RedisOptions,
     push: UnboundedSender<PushInfo>,
-) -> Result<Master> {
-    use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
-    let addrs = t
-        .sentinels
-        .iter()
-        .map(|(h, p)| redis::ConnectionAddr::Tcp(h.clone(), *p));
-    let mut b = SentinelClientBuilder::new(addrs, &t.service, SentinelServerType::Master)
-        .map_err(|e| Error::config(format!("redis+sentinel: {e}")))?
-        .set_client_to_redis_db(t.db)
-        .set_client_to_redis_protocol(ProtocolVersion::RESP3);
-    if let Some(u) = &t.user {
-        b = b.set_client_to_redis_username(u);
-    }
-    if let Some(p) = &t.password {
-        b = b.set_client_to_redis_password(p);
-    }
+) -> Result<Arc<Master>> {
+    let bad = |e: RedisError| Error::config(format!("redis+sentinel: {e}"));
+    let mut login = redis::RedisConnectionInfo::default();
     if let Some(u) = &t.sentinel_user {
-        b = b.set_client_to_sentinel_username(u);
+        login = login.set_username(u);
     }
     if let Some(p) = &t.sentinel_password {
-        b = b.set_client_to_sentinel_password(p);
+        login = login.set_password(p);
     }
-    let lookup = b
-        .build()
-        .map_err(|e| Error::config(format!("redis+sentinel: {e}")))?;
+    let mut sentinels = Vec::new();
+    for (host, port) in &t.sentinels {
+        let info = redis::ConnectionAddr::Tcp(host.clone(), *port)
+            .into_connection_info()
+            .map_err(bad)?
+            .set_redis_settings(login.clone());
+        sentinels.push(redis::Client::open(info).map_err(bad)?);
+    }
+    let mut node = redis::RedisConnectionInfo::default()
+        .set_db(t.db)
+        .set_protocol(ProtocolVersion::RESP3);
+    if let Some(u) = &t.user {
+        node = node.set_username(u);
+    }
+    if let Some(p) = &t.password {
+        node = node.set_password(p);
+    }
     let config = redis::AsyncConnectionConfig::new()
         .set_response_timeout(Some(options.response_timeout))
         .set_connection_timeout(Some(options.connect_timeout))
         .set_push_sender(push.clone());
     Ok(Master::new(
-        lookup,
+        sentinels,
+        node,
         config,
         push,
         options.connect_timeout,

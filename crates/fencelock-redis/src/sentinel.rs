@@ -1,34 +1,52 @@
 //! The master of a service that Redis Sentinels monitor, found through the
 //! Sentinels and followed through failovers.
 //!
-//! A connection is made only to the address the Sentinels name as the master,
-//! and used only once the server itself answers `ROLE` with `master`. A
-//! command that fails as a failover makes commands fail (the connection drops
-//! or times out, the server says `READONLY`: it was turned into a replica)
-//! drops the connection; the next command asks the Sentinels again. So a
-//! client never writes to a replica, and never goes back to an old master
-//! that the Sentinels no longer name. Channels subscribed are subscribed again
-//! on the new master, and every waiter is woken to re-check (messages may be
-//! lost in between).
+//! Every Sentinel that answers is asked (`SENTINEL MASTER`), and the newest
+//! configuration wins (the highest `config-epoch`: a Sentinel that has not yet
+//! heard of a failover names the old master with an older epoch). A master
+//! that is objectively down or being replaced (`o_down`,
+//! `failover_in_progress`) is not used. A connection is used only once the
+//! server itself answers `ROLE` with `master`.
+//!
+//! The connection is dropped, and the next command asks the Sentinels again,
+//! when a command fails as commands fail in a failover (the connection drops
+//! or times out; `READONLY`: the server was turned into a replica;
+//! `NOREPLICAS`, `MASTERDOWN`) and when the once-a-second check finds that the
+//! Sentinels name another master or are replacing this one (a master cut off
+//! from the Sentinels but not from this client answers on). So a client never
+//! writes to a replica, and stops writing to an old master within about a
+//! second of the Sentinels' switch. Channels are subscribed again on the new
+//! master, and every waiter is woken to re-check (messages may be lost).
 
-use std::collections::BTreeSet;
-use std::sync::Mutex;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::sentinel::SentinelClient;
 use redis::{
-    AsyncConnectionConfig, Cmd, ErrorKind, FromRedisValue, PushInfo, PushKind, RedisError,
-    RedisResult, Value,
+    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ErrorKind, FromRedisValue,
+    IntoConnectionInfo, PushInfo, PushKind, RedisConnectionInfo, RedisError, RedisResult, Value,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
+/// How often the Sentinels are asked whether the master changed.
+const CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// The longest one Sentinel may take to answer a lookup.
+const SENTINEL_PATIENCE: Duration = Duration::from_secs(1);
+
 /// A failover-following connection to the master of one service.
 pub(crate) struct Master {
-    /// The Sentinels; one lookup at a time (a lookup that finds a master
-    /// serves every command that waited for it).
-    lookup: tokio::sync::Mutex<SentinelClient>,
+    /// One client per Sentinel, with the Sentinels' login.
+    sentinels: Vec<Client>,
+    /// Their connections, made when first needed, dropped on an error.
+    asked: tokio::sync::Mutex<Vec<Option<MultiplexedConnection>>>,
+    /// The data nodes' login and database.
+    node: RedisConnectionInfo,
+    /// One connect at a time (one that finds the master serves every
+    /// command that waited for it).
+    connecting: tokio::sync::Mutex<()>,
     current: Mutex<Option<Current>>,
     config: AsyncConnectionConfig,
     push: UnboundedSender<PushInfo>,
@@ -43,9 +61,24 @@ pub(crate) struct Master {
 #[derive(Clone)]
 struct Current {
     conn: MultiplexedConnection,
+    /// Where it goes.
+    addr: (String, u16),
     /// Counts connections made, so that a failure on an old one does not
     /// drop a newer one.
     id: u64,
+}
+
+/// What the Sentinels say of the service.
+#[derive(Debug, PartialEq, Eq)]
+enum Named {
+    /// The master of the newest configuration, up and not being replaced.
+    Master(String, u16),
+    /// A master is down or being replaced: wait.
+    NoneUp,
+    /// Every Sentinel that answered monitors no such service.
+    NoSuchService,
+    /// No Sentinel answered.
+    Silent,
 }
 
 /// Whether `e` says that this connection may no longer reach the master.
@@ -54,20 +87,62 @@ fn lost_master(e: &RedisError) -> bool {
         || e.is_connection_dropped()
         || e.is_connection_refusal()
         || e.is_timeout()
-        || matches!(e.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"))
+        || matches!(
+            e.code(),
+            Some("READONLY" | "MASTERDOWN" | "NOREPLICAS" | "LOADING")
+        )
+        // A script's write refused on a replica.
         || e.to_string().contains("READONLY")
 }
 
+/// A `SENTINEL MASTER` reply as field → value.
+fn fields(v: &Value) -> HashMap<String, String> {
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Int(i) => Some(i.to_string()),
+        _ => None,
+    };
+    let mut out = HashMap::new();
+    match v {
+        Value::Array(items) => {
+            for pair in items.chunks(2) {
+                if let [k, v] = pair
+                    && let (Some(k), Some(v)) = (text(k), text(v))
+                {
+                    out.insert(k, v);
+                }
+            }
+        }
+        Value::Map(pairs) => {
+            for (k, v) in pairs {
+                if let (Some(k), Some(v)) = (text(k), text(v)) {
+                    out.insert(k, v);
+                }
+            }
+        }
+        _ => {}
+    }
+    out
+}
+
 impl Master {
+    /// A master to be found through `sentinels` (each with its login);
+    /// `node` is the data nodes' login and database.
     pub(crate) fn new(
-        lookup: SentinelClient,
+        sentinels: Vec<Client>,
+        node: RedisConnectionInfo,
         config: AsyncConnectionConfig,
         push: UnboundedSender<PushInfo>,
         connect_timeout: Duration,
         service: String,
-    ) -> Master {
-        Master {
-            lookup: tokio::sync::Mutex::new(lookup),
+    ) -> Arc<Master> {
+        let asked = tokio::sync::Mutex::new(vec![None; sentinels.len()]);
+        let master = Arc::new(Master {
+            sentinels,
+            asked,
+            node,
+            connecting: tokio::sync::Mutex::new(()),
             current: Mutex::new(None),
             config,
             push,
@@ -75,6 +150,88 @@ impl Master {
             connect_timeout,
             service,
             made: AtomicU64::new(0),
+        });
+        tokio::spawn(watch(Arc::downgrade(&master)));
+        master
+    }
+
+    /// Asks every Sentinel at once; the newest configuration wins.
+    async fn named(&self) -> Named {
+        let mut asked = self.asked.lock().await;
+        let answers = futures::future::join_all(self.sentinels.iter().zip(asked.iter_mut()).map(
+            |(client, conn)| async move {
+                let ask = async {
+                    if conn.is_none() {
+                        *conn = Some(client.get_multiplexed_async_connection().await?);
+                    }
+                    let c = conn.as_mut().expect("made above");
+                    redis::cmd("SENTINEL")
+                        .arg("MASTER")
+                        .arg(&self.service)
+                        .query_async::<Value>(c)
+                        .await
+                };
+                let answer = tokio::time::timeout(SENTINEL_PATIENCE, ask).await;
+                if !matches!(answer, Ok(Ok(_))) {
+                    *conn = None;
+                }
+                answer
+            },
+        ))
+        .await;
+        drop(asked);
+        let (mut unknown, mut answered) = (0, 0);
+        let mut best: Option<(u64, Option<(String, u16)>)> = None;
+        for answer in answers {
+            let v = match answer {
+                Ok(Ok(v)) => v,
+                Ok(Err(e)) if e.to_string().contains("No such master") => {
+                    answered += 1;
+                    unknown += 1;
+                    continue;
+                }
+                _ => continue,
+            };
+            answered += 1;
+            let f = fields(&v);
+            let epoch = f
+                .get("config-epoch")
+                .and_then(|e| e.parse().ok())
+                .unwrap_or(0);
+            let flags = f.get("flags").map_or("", String::as_str);
+            let usable = flags.contains("master")
+                && !flags.contains("o_down")
+                && !flags.contains("failover_in_progress");
+            let addr = match (f.get("ip"), f.get("port").and_then(|p| p.parse().ok())) {
+                (Some(ip), Some(port)) if usable => Some((ip.clone(), port)),
+                _ => None,
+            };
+            // The newest configuration; at one epoch, one that says the
+            // master is down or being replaced counts over one that does not.
+            if best
+                .as_ref()
+                .is_none_or(|(e, a)| epoch > *e || epoch == *e && a.is_some() && addr.is_none())
+            {
+                best = Some((epoch, addr));
+            }
+        }
+        match best {
+            Some((_, Some((ip, port)))) => Named::Master(ip, port),
+            Some((_, None)) => Named::NoneUp,
+            None if answered > 0 && unknown == answered => Named::NoSuchService,
+            None => Named::Silent,
+        }
+    }
+
+    /// Fails with a configuration error if the Sentinels that answer
+    /// monitor no service of this name.
+    pub(crate) async fn check_service(&self) -> Result<(), String> {
+        match self.named().await {
+            Named::NoSuchService => Err(format!(
+                "the Sentinels monitor no service named {:?} (the path of a redis+sentinel:// URL names it)",
+                self.service
+            )),
+            _ => Ok(()),
         }
     }
 
@@ -90,15 +247,11 @@ impl Master {
         if let Some(c) = self.current() {
             return Ok(c);
         }
-        let mut lookup = self.lookup.lock().await;
+        let _one = self.connecting.lock().await;
         if let Some(c) = self.current() {
             return Ok(c);
         }
-        // Boxed: the lookup's future is deep enough to overflow the type
-        // checker's limits in every caller.
-        let connect: std::pin::Pin<Box<dyn Future<Output = RedisResult<_>> + Send + '_>> =
-            Box::pin(self.connect(&mut lookup));
-        let conn = tokio::time::timeout(self.connect_timeout, connect)
+        let c = tokio::time::timeout(self.connect_timeout, self.connect())
             .await
             .map_err(|_| {
                 RedisError::from((
@@ -106,11 +259,7 @@ impl Master {
                     "no master found through the Sentinels within connect_timeout",
                 ))
             })??;
-        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        let id = self.made.fetch_add(1, Ordering::Relaxed);
-        let c = Current { conn, id };
-        *current = Some(c.clone());
-        drop(current);
+        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(c.clone());
         // Messages may have been lost on the way: every waiter re-checks.
         let _ = self.push.send(PushInfo {
             kind: PushKind::Disconnection,
@@ -121,24 +270,35 @@ impl Master {
 
     /// Asks the Sentinels for the master, connects, checks that the server
     /// is the master, and subscribes the channels again.
-    async fn connect(&self, lookup: &mut SentinelClient) -> RedisResult<MultiplexedConnection> {
-        let client = lookup.async_get_client().await.map_err(|e| {
-            if e.kind() == ErrorKind::MasterNameNotFoundBySentinel {
-                // Also while the Sentinels see the master down, before they
-                // promote a replica: worth waiting through.
-                RedisError::from((
+    async fn connect(&self) -> RedisResult<Current> {
+        let (host, port) = match self.named().await {
+            Named::Master(host, port) => (host, port),
+            Named::NoSuchService => {
+                return Err(RedisError::from((
                     ErrorKind::Io,
-                    "the Sentinels name no master that is up",
-                    format!(
-                        "service {:?}: a failover in progress, or no such service",
-                        self.service
-                    ),
-                ))
-            } else {
-                e
+                    "the Sentinels monitor no such service",
+                    self.service.clone(),
+                )));
             }
-        })?;
-        let mut conn = client
+            Named::NoneUp => {
+                return Err(RedisError::from((
+                    ErrorKind::Io,
+                    "the Sentinels name no master that is up (a failover in progress)",
+                    format!("service {:?}", self.service),
+                )));
+            }
+            Named::Silent => {
+                return Err(RedisError::from((
+                    ErrorKind::Io,
+                    "no Sentinel answers",
+                    format!("service {:?}", self.service),
+                )));
+            }
+        };
+        let info = ConnectionAddr::Tcp(host.clone(), port)
+            .into_connection_info()?
+            .set_redis_settings(self.node.clone());
+        let mut conn = Client::open(info)?
             .get_multiplexed_async_connection_with_config(&self.config)
             .await?;
         let role: Value = redis::cmd("ROLE").query_async(&mut conn).await?;
@@ -150,7 +310,7 @@ impl Master {
             return Err(RedisError::from((
                 ErrorKind::Io,
                 "the server the Sentinels name as master is not (yet) a master",
-                format!("service {}", self.service),
+                format!("{host}:{port}, service {:?}", self.service),
             )));
         }
         let channels: Vec<String> = self
@@ -163,39 +323,11 @@ impl Master {
         for ch in channels {
             conn.subscribe(&ch).await?;
         }
-        Ok(conn)
-    }
-
-    /// Fails with a configuration error if a Sentinel that answers monitors
-    /// no service of this name (the lookup cannot tell that from a master
-    /// that is down).
-    pub(crate) async fn check_service(&self) -> Result<(), String> {
-        let client = {
-            let mut lookup = self.lookup.lock().await;
-            let find: std::pin::Pin<
-                Box<dyn Future<Output = RedisResult<redis::Client>> + Send + '_>,
-            > = Box::pin(lookup.async_get_sentinel_client());
-            match tokio::time::timeout(self.connect_timeout, find).await {
-                Ok(Ok(c)) => c,
-                // No Sentinel answers: the first command says so.
-                _ => return Ok(()),
-            }
-        };
-        let asked = async {
-            let mut conn = client.get_multiplexed_async_connection().await?;
-            redis::cmd("SENTINEL")
-                .arg("MASTER")
-                .arg(&self.service)
-                .query_async::<Value>(&mut conn)
-                .await
-        };
-        match tokio::time::timeout(self.connect_timeout, asked).await {
-            Ok(Err(e)) if e.to_string().contains("No such master") => Err(format!(
-                "the Sentinels monitor no service named {:?} (the path of a redis+sentinel:// URL names it)",
-                self.service
-            )),
-            _ => Ok(()),
-        }
+        Ok(Current {
+            conn,
+            addr: (host, port),
+            id: self.made.fetch_add(1, Ordering::Relaxed),
+        })
     }
 
     /// Drops connection `id` (if it is still the current one).
@@ -241,5 +373,27 @@ impl Master {
             .remove(channel);
         let mut c = self.conn().await?;
         c.conn.unsubscribe(channel).await
+    }
+}
+
+/// Once a second, while the master is in use: drops the connection if the
+/// Sentinels name another master or are replacing this one.
+async fn watch(master: Weak<Master>) {
+    let mut tick = tokio::time::interval(CHECK_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(m) = master.upgrade() else { return };
+        let Some(c) = m.current() else { continue };
+        let stale = match m.named().await {
+            Named::Master(host, port) => (host, port) != c.addr,
+            Named::NoneUp => true,
+            // Nobody to ask, or a changed configuration: keep what works.
+            Named::NoSuchService | Named::Silent => false,
+        };
+        if stale {
+            tracing::debug!(service = %m.service, "the Sentinels replace the master; connecting anew");
+            m.forget(c.id);
+        }
     }
 }

@@ -251,3 +251,73 @@ async fn on_a_cluster_a_grant_the_replica_missed_is_granted_again_after_a_failov
     );
     guard_b.release().await.unwrap();
 }
+
+/// The PTTL of `key`'s hold on the node on `port` (as the default user).
+fn pttl(port: u16, key: &str) -> i64 {
+    fencelock_testkit::replicated::redis_cli(port, &["pttl", &format!("fencelock:{{{key}}}")])
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(-2)
+}
+
+/// The Sentinels replace a master that this client can still reach (the
+/// Sentinels' user is shut out of it; the client logs in as another user):
+/// the holder must move to the new master, not renew on the old one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_follows_a_failover_away_from_a_master_it_still_reaches() {
+    let (_dir, mut s) = setup("reachable", Duration::from_secs(1));
+    for port in s.node_ports() {
+        fencelock_testkit::replicated::redis_cli(
+            port,
+            &["acl", "setuser", "app", "on", ">pw", "~*", "&*", "+@all"],
+        )
+        .unwrap();
+    }
+    let url = s
+        .url("")
+        .replace("redis+sentinel://", "redis+sentinel://app:pw@");
+    let a = RedisBackend::connect(&url).await.expect("connect A");
+    let key = "orders/4";
+    let old = s.master_port().unwrap();
+    let guard_a = Locker::new(a.clone())
+        .lock(key)
+        .ttl(Duration::from_secs(15))
+        .acquire()
+        .await
+        .expect("A is granted");
+    let replica = s.node_ports().into_iter().find(|p| *p != old).unwrap();
+    let start = Instant::now();
+    while pttl(replica, key) <= 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "never replicated"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The Sentinels (the default user) can no longer talk to the master.
+    fencelock_testkit::replicated::redis_cli(old, &["acl", "setuser", "default", "-@all"]).unwrap();
+    let new = s.wait_for_failover(old, FAILOVER).unwrap();
+    let after = pttl(new, key);
+    assert!(
+        after > 0,
+        "the replica had A's hold: pttl {after}; keys there: {:?}",
+        fencelock_testkit::replicated::redis_cli(new, &["keys", "*"])
+    );
+    // A's next renewal (every 5 s) reaches the new master: its copy's
+    // expiry rises. Renewing on the old master instead would leave it to
+    // run out while A believes it holds.
+    let start = Instant::now();
+    while pttl(new, key) <= after {
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "A's renewals never reached the new master (pttl {} there)",
+            pttl(new, key)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(guard_a.is_valid());
+    let b = RedisBackend::connect(&url).await.expect("connect B");
+    let refused = Locker::new(b).lock(key).try_acquire().await.unwrap();
+    assert!(refused.is_none(), "B was granted while A holds");
+    guard_a.release().await.unwrap();
+}
