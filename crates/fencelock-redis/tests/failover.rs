@@ -265,7 +265,7 @@ fn pttl(port: u16, key: &str) -> i64 {
 /// the holder must move to the new master, not renew on the old one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_follows_a_failover_away_from_a_master_it_still_reaches() {
-    let (_dir, mut s) = setup("reachable", Duration::from_secs(1));
+    let (_dir, s) = setup("reachable", Duration::from_secs(1));
     for port in s.node_ports() {
         fencelock_testkit::replicated::redis_cli(
             port,
