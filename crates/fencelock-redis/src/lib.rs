@@ -114,14 +114,19 @@
 //! `redis+sentinel://[user:password@]s1:p1,s2:p2/SERVICE[/db]` names the
 //! Sentinels (port 26379 if none is given) and the service they monitor; the
 //! login is the data nodes', `sentinel_user=` and `sentinel_password=` are
-//! the Sentinels'. The client asks the Sentinels for the master, connects,
-//! and uses the connection only once the server answers `ROLE` with
-//! `master`. A command that fails as commands fail in a failover (the
-//! connection drops or times out, `READONLY`, `MASTERDOWN`) drops the
-//! connection, and the next one asks the Sentinels again; so renewals,
+//! the Sentinels'. The client asks every Sentinel that answers and follows
+//! the newest configuration (the highest `config-epoch`); it connects to no
+//! master while that one is objectively down or being replaced, and uses a
+//! connection only once the server answers `ROLE` with `master`. The
+//! connection is dropped, and the next command asks the Sentinels again,
+//! when a command fails as commands fail in a failover (the connection drops
+//! or times out, `READONLY`, `NOREPLICAS`, `MASTERDOWN`), and when the
+//! Sentinels, asked once a second, name another master (a master cut off
+//! from the Sentinels but not from this client answers on). So renewals,
 //! releases and waiters reach the new master, a client never writes to a
-//! replica, and never returns to an old master the Sentinels no longer name.
-//! No TLS through Sentinel yet.
+//! replica, and it stops writing to an old master about a second after the
+//! Sentinels switch. Every new connection needs a Sentinel that answers; a
+//! connection in use does not. No TLS through Sentinel yet.
 //!
 //! Replication is asynchronous, so a failover can lose grants: a hold the
 //! replica had not copied when the master died is gone on the new master,
@@ -134,9 +139,12 @@
 //!   be behind the old master's by more than the failover took), so the old
 //!   holder's fenced writes are refused;
 //! - the old holder's `lost()` fires at its first renewal that reaches the
-//!   new master: within a third of its TTL after the promotion, plus a
-//!   connect (about 3 s after the promotion in that test, default TTL);
-//!   until then it believes it holds the lock;
+//!   new master: within a third of its TTL after the Sentinels switch, plus
+//!   a second and a connect (3.0 s after the promotion in that test, default
+//!   TTL); until then it believes it holds the lock. A holder cut off from
+//!   every Sentinel keeps renewing on the master it has while that master
+//!   takes writes: set `min-replicas-to-write` on the servers so that a
+//!   master cut off from its replicas refuses them;
 //! - a waiter is granted once the new master answers: 4.0 s after the
 //!   master's death with `down-after-milliseconds` 1 s, 34.7 s with
 //!   Sentinel's default of 30 s (BENCHMARKS.md).
@@ -152,8 +160,9 @@
 //! With `wait_replicas=1` a grant counts only once a replica acknowledged it,
 //! so after the same failover the new master still has the hold: the next
 //! client is refused while it lives, and the holder's renewals go on. The
-//! cost: with no replica answering nothing is granted (each acquire fails
-//! after `wait_timeout`, 1 s, saying so, and leaves nothing behind), and a
+//! cost: with no replica answering nothing is granted (each attempt is undone
+//! after `wait_timeout`, 1 s; a waiter asks again until its wait ends, then
+//! fails saying why, and nothing is left behind), and a
 //! grant takes a replica's round trip. `WAIT` is not consensus: a replica
 //! that acknowledged can still lose the grant (it crashes too, or the
 //! Sentinels promote another replica that did not have it).
@@ -432,8 +441,11 @@ impl RedisBackend {
             }
         };
         let _ = self.node().undo(key, owner, op).await;
-        Err(Error::backend(
+        // Worth waiting through (a replica restarting, a failover): a
+        // waiter asks again until its deadline.
+        Err(Error::connection(
             NAME,
+            &format!("the replicas of {}", self.node().address),
             format!(
                 "only {acked} of {want} replicas acknowledged the grant within {:?}; it was undone (lower wait_replicas or check the replicas)",
                 self.inner.options.wait_timeout

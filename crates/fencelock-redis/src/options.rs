@@ -233,6 +233,12 @@ fn sentinel_target(u: &mut BackendUrl) -> Result<SentinelTarget> {
             u.redacted()
         )));
     }
+    if let Some(extra) = path.clone().nth(1).filter(|x| !x.is_empty()) {
+        return Err(Error::config(format!(
+            "{:?}: {extra:?} after the database; write redis+sentinel://host:port,host:port/SERVICE[/db]",
+            u.redacted()
+        )));
+    }
     let db = match path.next().filter(|d| !d.is_empty()) {
         Some(d) => d.parse().map_err(|_| {
             Error::config(format!(
@@ -350,6 +356,7 @@ mod tests {
             ("redis+sentinel:///svc", "no Sentinel"),
             ("redis+sentinel://s1:x/svc", "port"),
             ("redis+sentinel://s1/svc/x", "database"),
+            ("redis+sentinel://s1/svc/3/junk", "after the database"),
             (
                 "redis+sentinel://s1/svc?protocol=resp3",
                 "unknown redis option",

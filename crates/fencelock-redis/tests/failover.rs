@@ -155,12 +155,14 @@ async fn with_wait_replicas_a_grant_outlives_the_failover_and_no_replica_means_n
     assert_eq!(info.holders.len(), 1);
     guard_a.release().await.unwrap();
 
-    // With no replica answering, no grant is made: the acquire fails after
-    // wait_timeout (1 s) and leaves nothing behind.
+    // With no replica answering, no grant is made: each attempt is undone
+    // after wait_timeout (1 s), a waiter asks again until its wait ends,
+    // and nothing is left behind.
     s.isolate_replicas(new).unwrap();
     let started = Instant::now();
     let e = Locker::new(a.clone())
         .lock(key.as_str())
+        .wait(Duration::from_secs(3))
         .acquire()
         .await
         .expect_err("no grant without a replica");
@@ -168,6 +170,10 @@ async fn with_wait_replicas_a_grant_outlives_the_failover_and_no_replica_means_n
     assert!(
         e.to_string().contains("replicas acknowledged"),
         "the error should say why: {e}"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_secs(3),
+        "the waiter gave up before its wait ended: {e}"
     );
     eprintln!(
         "refused after {:?} without a replica: {e}",
