@@ -40,10 +40,10 @@
 //!   permit holders), provided (1) Redis keeps its data while the hold lives:
 //!   it is not restarted without persistence and does not fail over to a
 //!   replica that missed the grant (`wait_replicas=N` makes a grant, handoffs
-//!   included, count only once N replicas acknowledged it, which narrows that
-//!   window but does not close it: `WAIT` is not consensus; grants and their
-//!   `WAIT` then run on a connection of their own, so a stalled replica holds
-//!   up other grants but no renewal or release); (2) the server's
+//!   included, and a renewal count only once N replicas acknowledged it,
+//!   which narrows that window but does not close it: `WAIT` is not
+//!   consensus; grants, renewals and their `WAIT` then run on a connection
+//!   of their own, so a stalled replica holds them up but no release); (2) the server's
 //!   clock, which expires keys, does not jump forward; (3) it runs no faster
 //!   than the client's monotonic clock by more than the drift allowance (1 %
 //!   of the TTL + 2 ms); (4) the client machine is not suspended (see
@@ -159,7 +159,10 @@
 //!
 //! With `wait_replicas=1` a grant counts only once a replica acknowledged it,
 //! so after the same failover the new master still has the hold: the next
-//! client is refused while it lives, and the holder's renewals go on. The
+//! client is refused while it lives, and the holder's renewals go on. A
+//! renewal counts only once acknowledged too (else the hold is not extended,
+//! and the holder loses it by its deadline), so the holder never counts on
+//! time the promoted replica would not give it. The
 //! cost: with no replica answering nothing is granted (each attempt is undone
 //! after `wait_timeout`, 1 s; a waiter asks again until its wait ends, then
 //! fails saying why, and nothing is left behind), and a
@@ -451,6 +454,41 @@ impl RedisBackend {
                 self.inner.options.wait_timeout
             ),
         ))
+    }
+
+    /// With `wait_replicas`, a renewal counts only once the replicas
+    /// acknowledged it: else the hold is not extended (reported unknown; the
+    /// watchdog asks again until the lease's deadline), so a holder never
+    /// believes in more time than a promoted replica would give it.
+    async fn replicas_confirm(&self, renewed: Vec<Renewal>) -> Vec<Renewal> {
+        let want = self.inner.options.wait_replicas;
+        if want == 0 || !renewed.iter().any(|r| matches!(r, Renewal::Held { .. })) {
+            return renewed;
+        }
+        let acked: Result<i64> = self
+            .node()
+            .grant_conn()
+            .query(
+                redis::cmd("WAIT")
+                    .arg(want)
+                    .arg(self.inner.options.wait_timeout.as_millis() as u64),
+            )
+            .await
+            .map_err(|e| self.node().err(e));
+        let why = match acked {
+            Ok(n) if n >= i64::from(want) => return renewed,
+            Ok(n) => format!("only {n} of {want} replicas acknowledged the renewal"),
+            Err(e) => e.to_string(),
+        };
+        renewed
+            .into_iter()
+            .map(|r| match r {
+                Renewal::Held { .. } => Renewal::Unknown {
+                    reason: why.clone(),
+                },
+                other => other,
+            })
+            .collect()
     }
 
     /// One acquire attempt as its own op: the grant, or how long the first
@@ -929,7 +967,8 @@ impl Backend for RedisBackend {
             return Ok(Vec::new());
         }
         if !self.node().conn.is_cluster() {
-            return self.renew_in_batches(leases).await;
+            let renewed = self.renew_in_batches(leases).await?;
+            return Ok(self.replicas_confirm(renewed).await);
         }
         self.renew_on_cluster(leases).await
     }

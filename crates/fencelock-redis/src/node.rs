@@ -352,7 +352,13 @@ impl Node {
                 .arg(lease.ttl.as_millis() as u64)
                 .arg(&lease.handle);
         }
-        let reply: Vec<i64> = self.conn.invoke(inv).await.map_err(|e| self.err(e))?;
+        // With `wait_replicas`, on the grants' connection: the `WAIT` after
+        // it covers that connection's writes.
+        let reply: Vec<i64> = self
+            .grant_conn()
+            .invoke(inv)
+            .await
+            .map_err(|e| self.err(e))?;
         if reply.len() != leases.len() {
             return Err(unexpected("renew", &reply));
         }

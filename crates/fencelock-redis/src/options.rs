@@ -11,7 +11,7 @@ use fencelock_core::{Error, Result};
 /// |---|---|---|
 /// | `prefix=` | `fencelock:` | namespace of every key (no `{` or `}`) |
 /// | `ttl=` | 30 s | default TTL of holds taken through this URL |
-/// | `wait_replicas=N` | 0 | a grant counts only after N replicas acknowledged it (`WAIT`); not on a cluster |
+/// | `wait_replicas=N` | 0 | a grant or renewal counts only after N replicas acknowledged it (`WAIT`); not on a cluster |
 /// | `wait_timeout=` | 1 s | how long `WAIT` may take |
 /// | `timeout=` | 5 s | response timeout of every command |
 /// | `connect_timeout=` | 5 s | how long a connect may take (each connection of the client) |

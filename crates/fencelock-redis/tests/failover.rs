@@ -327,3 +327,35 @@ async fn a_holder_follows_a_failover_away_from_a_master_it_still_reaches() {
     assert!(refused.is_none(), "B was granted while A holds");
     guard_a.release().await.unwrap();
 }
+
+/// With `wait_replicas=1` a renewal the replica did not acknowledge does not
+/// extend the hold: a holder never counts on time a promoted replica would
+/// not give it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_wait_replicas_a_renewal_no_replica_acknowledged_does_not_extend_the_hold() {
+    let (_dir, mut s) = setup("renew", Duration::from_secs(1));
+    let a = RedisBackend::connect(&s.url("?wait_replicas=1"))
+        .await
+        .expect("connect A");
+    let master = s.master_port().unwrap();
+    let guard = Locker::new(a)
+        .lock("orders/5")
+        .ttl(Duration::from_secs(6))
+        .acquire()
+        .await
+        .expect("A is granted with the replica's acknowledgement");
+    s.isolate_replicas(master).unwrap();
+    let lost = tokio::time::timeout(Duration::from_secs(15), guard.lost()).await;
+    s.resume_replicas(master).unwrap();
+    let lost = lost.expect("A renewed without its replica and kept the hold");
+    assert!(
+        !matches!(
+            &lost,
+            Error::Lost {
+                reason: LostReason::NotHeld(_),
+                ..
+            }
+        ),
+        "the master still has the hold: A should lose it by its deadline: {lost}"
+    );
+}
