@@ -43,6 +43,8 @@ targets=(
     "zookeeper (3)|--spawn zookeeper|pause,kill,partition,freeze,lost-reply,latency,clock,restart,leader,minority,majority|"
     "etcd (3)|--spawn etcd|pause,kill,partition,freeze,lost-reply,latency,clock,restart,leader,minority,majority|"
     "memcached|--spawn memcached|pause,kill,partition,freeze,lost-reply,latency,clock|superseded_writes_accepted: memcached gives no fencing tokens"
+    "redis sentinel|--spawn redis-sentinel|failover|overlaps: a failover loses grants the replica had not copied (README: exclusion holds while Redis keeps its data)"
+    "redis sentinel (wait_replicas=1)|--spawn redis-sentinel-wait|failover|"
 )
 
 status=0
