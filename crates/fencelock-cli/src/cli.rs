@@ -177,7 +177,9 @@ pub struct TortureArgs {
     pub backend: Option<String>,
     /// Start private servers and torture them: redis, redlock (5 instances),
     /// memcached, etcd (3 members), zookeeper (3 servers), postgres-lease,
-    /// postgres-advisory, mysql-lease, mysql-get-lock (MariaDB).
+    /// postgres-advisory, mysql-lease, mysql-get-lock (MariaDB), redis-sentinel
+    /// (a master, a replica, 3 Sentinels), redis-sentinel-wait (the same with
+    /// wait_replicas=1).
     #[arg(long, value_name = "KIND", value_parser = parse_spawn)]
     pub spawn: Option<fencelock_torture::SpawnKind>,
     /// Client processes.
@@ -187,7 +189,8 @@ pub struct TortureArgs {
     #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
     pub duration: Duration,
     /// Which faults: all, or a list of pause, kill, partition, lost-reply,
-    /// latency, clock, restart, restart-empty, leader, minority, majority.
+    /// latency, clock, restart, restart-empty, leader, minority, majority,
+    /// failover.
     #[arg(long, default_value = "all", value_parser = parse_faults, value_name = "LIST")]
     pub faults: FaultList,
     /// The seed of every random choice [default: random, printed].
