@@ -42,8 +42,9 @@
 //!   replica that missed the grant (`wait_replicas=N` makes a grant, handoffs
 //!   included, and a renewal count only once N replicas acknowledged it,
 //!   which narrows that window but does not close it: `WAIT` is not
-//!   consensus; grants, renewals and their `WAIT` then run on a connection
-//!   of their own, so a stalled replica holds them up but no release); (2) the server's
+//!   consensus; grants and renewals then run, each with their `WAIT`, on a
+//!   connection of their own, so a stalled replica holds them up but no
+//!   release, and no renewal waits behind grants); (2) the server's
 //!   clock, which expires keys, does not jump forward; (3) it runs no faster
 //!   than the client's monotonic clock by more than the drift allowance (1 %
 //!   of the TTL + 2 ms); (4) the client machine is not suspended (see
@@ -467,7 +468,7 @@ impl RedisBackend {
         }
         let acked: Result<i64> = self
             .node()
-            .grant_conn()
+            .renew_conn()
             .query(
                 redis::cmd("WAIT")
                     .arg(want)

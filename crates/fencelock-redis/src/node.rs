@@ -83,9 +83,11 @@ impl OpIds {
 pub(crate) struct Node {
     pub(crate) conn: Conn,
     /// With `wait_replicas`, grants and their `WAIT` run on a connection of
-    /// their own: Redis blocks a client for the whole `WAIT`, which must not
-    /// hold up the renewals and releases on `conn`.
+    /// their own, and renewals and theirs on another: Redis blocks a client
+    /// for the whole `WAIT`, which must not hold up the releases on `conn`,
+    /// nor a renewal behind other grants' waits.
     grants: Option<Conn>,
+    renewals: Option<Conn>,
     subs: Arc<Subscriptions>,
     /// The node's URL without options, password redacted.
     pub(crate) address: String,
@@ -136,11 +138,15 @@ impl Node {
         conn.preload(&scripts::ALL)
             .await
             .map_err(|e| map_err(e, &address))?;
-        let grants = if options.wait_replicas > 0 {
+        let (grants, renewals) = if options.wait_replicas > 0 {
             let (tx, _) = tokio::sync::mpsc::unbounded_channel();
-            Some(Conn::open(target, options, tx, &address).await?)
+            let grants = Conn::open(target, options, tx.clone(), &address).await?;
+            (
+                Some(grants),
+                Some(Conn::open(target, options, tx, &address).await?),
+            )
         } else {
-            None
+            (None, None)
         };
         let ops = OpIds::new();
         let grant_channel = format!("{}grant:{}", options.prefix, ops.client);
@@ -148,6 +154,7 @@ impl Node {
         Ok(Node {
             conn,
             grants,
+            renewals,
             subs,
             address,
             prefix: options.prefix.clone(),
@@ -160,6 +167,11 @@ impl Node {
     /// The connection grants (and their `WAIT`) go on.
     pub(crate) fn grant_conn(&self) -> &Conn {
         self.grants.as_ref().unwrap_or(&self.conn)
+    }
+
+    /// The connection renewals (and their `WAIT`) go on.
+    pub(crate) fn renew_conn(&self) -> &Conn {
+        self.renewals.as_ref().unwrap_or(&self.conn)
     }
 
     /// A new operation id.
@@ -352,10 +364,10 @@ impl Node {
                 .arg(lease.ttl.as_millis() as u64)
                 .arg(&lease.handle);
         }
-        // With `wait_replicas`, on the grants' connection: the `WAIT` after
-        // it covers that connection's writes.
+        // With `wait_replicas`, on the renewals' connection: the `WAIT`
+        // after it covers that connection's writes.
         let reply: Vec<i64> = self
-            .grant_conn()
+            .renew_conn()
             .invoke(inv)
             .await
             .map_err(|e| self.err(e))?;
