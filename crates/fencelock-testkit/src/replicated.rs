@@ -346,6 +346,8 @@ impl ClusterSetup {
         for _ in 0..6 {
             let port = free_port();
             let timeout = node_timeout.as_millis().to_string();
+            // The bus port too: the default, port + 10000, may be taken.
+            let bus = free_port().to_string();
             let args: Vec<String> = [
                 "--cluster-enabled",
                 "yes",
@@ -353,6 +355,8 @@ impl ClusterSetup {
                 "nodes.conf",
                 "--cluster-node-timeout",
                 &timeout,
+                "--cluster-port",
+                &bus,
             ]
             .iter()
             .map(|s| s.to_string())
