@@ -579,6 +579,68 @@ fn demo_sells_exactly_the_stock_and_fences_the_paused_holder() {
     assert_eq!(code(&o), 64, "the demo cannot run on a per-process backend");
 }
 
+/// On a Sentinel setup (private: the act fails it over) the demo adds act 4:
+/// a grant the replicas missed, a failover, two holders, a fenced write.
+#[test]
+fn demo_on_sentinel_fences_the_holder_a_failover_lost() {
+    let env = Env::new();
+    let dir = tempfile::Builder::new()
+        .prefix("fencelock-demo-sentinel-")
+        .tempdir()
+        .unwrap();
+    let setup =
+        fencelock_testkit::replicated::SentinelSetup::start(dir.path(), 2, Duration::from_secs(5))
+            .expect("sentinel setup");
+    let old = setup.master_port().unwrap();
+    let o = env.output(&[
+        "demo",
+        "--backend",
+        &setup.url(""),
+        "--processes",
+        "4",
+        "--stock",
+        "10",
+    ]);
+    let s = stdout(&o);
+    assert_eq!(code(&o), 0, "{s}\n{}", stderr(&o));
+    let row = s
+        .lines()
+        .find(|l| l.starts_with("4  failover"))
+        .unwrap_or_else(|| panic!("no act 4:\n{s}"));
+    assert!(row.contains("rejected") && row.contains("correct"), "{row}");
+    assert!(s.contains("at its next renewal"), "{s}");
+    assert_ne!(
+        setup.master_port().unwrap(),
+        old,
+        "the act fails the service over"
+    );
+    // The drill let the replicas copy again.
+    let new = setup.master_port().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !fencelock_testkit::replicated::redis_cli(new, &["info", "replication"])
+        .is_ok_and(|i| i.contains("connected_slaves:2"))
+    {
+        assert!(Instant::now() < deadline, "the replicas stayed cut off");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // With wait_replicas the failure cannot happen: the act is skipped.
+    let o = env.output(&[
+        "demo",
+        "--backend",
+        &setup.url("?wait_replicas=1"),
+        "--processes",
+        "2",
+        "--stock",
+        "2",
+    ]);
+    assert_eq!(code(&o), 0, "{}\n{}", stdout(&o), stderr(&o));
+    assert!(
+        stdout(&o).contains("act 4 skipped: with wait_replicas"),
+        "{}",
+        stdout(&o)
+    );
+}
+
 #[test]
 fn version_and_help() {
     let env = Env::new();

@@ -376,6 +376,26 @@ fn sentinel_master(
     options: &RedisOptions,
     push: UnboundedSender<PushInfo>,
 ) -> Result<Arc<Master>> {
+    let (sentinels, node) = sentinel_logins(t)?;
+    let config = redis::AsyncConnectionConfig::new()
+        .set_response_timeout(Some(options.response_timeout))
+        .set_connection_timeout(Some(options.connect_timeout))
+        .set_push_sender(push.clone());
+    Ok(Master::new(
+        sentinels,
+        node,
+        config,
+        push,
+        options.connect_timeout,
+        t.service.clone(),
+    ))
+}
+
+/// One client per Sentinel (with the Sentinels' login), and the data nodes'
+/// login and database.
+pub(crate) fn sentinel_logins(
+    t: &SentinelTarget,
+) -> Result<(Vec<redis::Client>, redis::RedisConnectionInfo)> {
     let bad = |e: RedisError| Error::config(format!("redis+sentinel: {e}"));
     let mut login = redis::RedisConnectionInfo::default();
     if let Some(u) = &t.sentinel_user {
@@ -401,18 +421,7 @@ fn sentinel_master(
     if let Some(p) = &t.password {
         node = node.set_password(p);
     }
-    let config = redis::AsyncConnectionConfig::new()
-        .set_response_timeout(Some(options.response_timeout))
-        .set_connection_timeout(Some(options.connect_timeout))
-        .set_push_sender(push.clone());
-    Ok(Master::new(
-        sentinels,
-        node,
-        config,
-        push,
-        options.connect_timeout,
-        t.service.clone(),
-    ))
+    Ok((sentinels, node))
 }
 
 /// Runs `SCAN … MATCH pattern` through `run` until the cursor comes back to 0.

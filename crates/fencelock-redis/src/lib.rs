@@ -117,7 +117,9 @@
 //! login is the data nodes', `sentinel_user=` and `sentinel_password=` are
 //! the Sentinels'. The client asks every Sentinel that answers and follows
 //! the newest configuration (the highest `config-epoch`); it connects to no
-//! master while that one is objectively down or being replaced, and uses a
+//! master while that one is objectively down or being replaced, connects to
+//! the promoted replica as soon as it took the role (while the other replicas
+//! still copy from it), and uses a
 //! connection only once the server answers `ROLE` with `master`. The
 //! connection is dropped, and the next command asks the Sentinels again,
 //! when a command fails as commands fail in a failover (the connection drops
@@ -171,6 +173,11 @@
 //! that acknowledged can still lose the grant (it crashes too, or the
 //! Sentinels promote another replica that did not have it).
 //!
+//! [`drill::Drill`] stages the failure on a setup you may break: the master's
+//! replicas are cut off, then the Sentinels promote one (`fencelock demo`
+//! shows it in act 4; `tests/failover.rs` checks that a client locks on the
+//! promoted replica while the other replicas still catch up).
+//!
 //! # Defaults, restarts and frozen clients
 //!
 //! - A hold gets the TTL asked for (30 s by default); on Redlock, that less the
@@ -205,6 +212,7 @@
 #![warn(missing_docs)]
 
 mod conn;
+pub mod drill;
 mod node;
 mod options;
 mod redlock;

@@ -5,8 +5,10 @@
 //! configuration wins (the highest `config-epoch`: a Sentinel that has not yet
 //! heard of a failover names the old master with an older epoch). A master
 //! that is objectively down or being replaced (`o_down`,
-//! `failover_in_progress`) is not used. A connection is used only once the
-//! server itself answers `ROLE` with `master`.
+//! `failover_in_progress`) is not used; once a replica has taken its place,
+//! the Sentinel that runs the failover names it (`GET-MASTER-ADDR-BY-NAME`)
+//! and it is used, while the other replicas still copy from it. A connection
+//! is used only once the server itself answers `ROLE` with `master`.
 //!
 //! The connection is dropped, and the next command asks the Sentinels again,
 //! when a command fails as commands fail in a failover (the connection drops
@@ -96,7 +98,7 @@ fn lost_master(e: &RedisError) -> bool {
 }
 
 /// A `SENTINEL MASTER` reply as field → value.
-fn fields(v: &Value) -> HashMap<String, String> {
+pub(crate) fn fields(v: &Value) -> HashMap<String, String> {
     let text = |v: &Value| match v {
         Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
         Value::SimpleString(s) => Some(s.clone()),
@@ -165,10 +167,14 @@ impl Master {
                         *conn = Some(client.get_multiplexed_async_connection().await?);
                     }
                     let c = conn.as_mut().expect("made above");
-                    redis::cmd("SENTINEL")
+                    redis::pipe()
+                        .cmd("SENTINEL")
                         .arg("MASTER")
                         .arg(&self.service)
-                        .query_async::<Value>(c)
+                        .cmd("SENTINEL")
+                        .arg("GET-MASTER-ADDR-BY-NAME")
+                        .arg(&self.service)
+                        .query_async::<(Value, Option<(String, u16)>)>(c)
                         .await
                 };
                 let answer = tokio::time::timeout(SENTINEL_PATIENCE, ask).await;
@@ -183,7 +189,7 @@ impl Master {
         let (mut unknown, mut answered) = (0, 0);
         let mut best: Option<(u64, Option<(String, u16)>)> = None;
         for answer in answers {
-            let v = match answer {
+            let (v, current) = match answer {
                 Ok(Ok(v)) => v,
                 Ok(Err(e)) if e.to_string().contains("No such master") => {
                     answered += 1;
@@ -199,12 +205,20 @@ impl Master {
                 .and_then(|e| e.parse().ok())
                 .unwrap_or(0);
             let flags = f.get("flags").map_or("", String::as_str);
-            let usable = flags.contains("master")
-                && !flags.contains("o_down")
-                && !flags.contains("failover_in_progress");
-            let addr = match (f.get("ip"), f.get("port").and_then(|p| p.parse().ok())) {
-                (Some(ip), Some(port)) if usable => Some((ip.clone(), port)),
+            let failing_over = flags.contains("failover_in_progress");
+            let usable = flags.contains("master") && !flags.contains("o_down") && !failing_over;
+            let named = match (f.get("ip"), f.get("port").and_then(|p| p.parse().ok())) {
+                (Some(ip), Some(port)) => Some((ip.clone(), port)),
                 _ => None,
+            };
+            let addr = match current {
+                // The Sentinel that runs a failover names the promoted replica
+                // once it took the role (its entry, at the new epoch, still
+                // names the old master until the other replicas follow).
+                Some(promoted) if failing_over && named.as_ref() != Some(&promoted) => {
+                    Some(promoted)
+                }
+                _ => named.filter(|_| usable),
             };
             // The newest configuration; at one epoch, one that says the
             // master is down or being replaced counts over one that does not.

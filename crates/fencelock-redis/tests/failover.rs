@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use fencelock_core::{Backend, Error, Key, Locker, LostReason};
 use fencelock_redis::RedisBackend;
-use fencelock_testkit::replicated::{ClusterSetup, SentinelSetup};
+use fencelock_redis::drill::Drill;
+use fencelock_testkit::replicated::{ClusterSetup, SentinelSetup, redis_cli};
 
 /// How long the Sentinels may take to promote a replica here (down after 1 s,
 /// then an election), with room for a loaded machine.
@@ -363,4 +364,90 @@ async fn with_wait_replicas_a_renewal_no_replica_acknowledged_does_not_extend_th
         ),
         "the master still has the hold: A should lose it by its deadline: {lost}"
     );
+}
+
+/// A failover drill (`fencelock_redis::drill`): both replicas cut off, A
+/// granted, the Sentinels asked to fail over. One replica is promoted; the
+/// other cannot copy from it until the drill is over, so the failover stays
+/// "in progress" (up to the Sentinels' `failover-timeout`, 10 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promoted_master_is_used_while_the_other_replicas_still_catch_up() {
+    let dir = tempfile::Builder::new()
+        .prefix("fencelock-failover-drill-")
+        .tempdir()
+        .expect("temp dir");
+    let s = SentinelSetup::start(dir.path(), 2, Duration::from_secs(5)).expect("sentinel setup");
+    let url = s.url("");
+    let old = s.master_port().unwrap();
+    let a = RedisBackend::connect(&url).await.expect("connect A");
+    let key = Key::new("orders/3").unwrap();
+
+    let drill = Drill::cut(&url)
+        .await
+        .expect("the drill cuts the replicas off");
+    assert_eq!(drill.master(), format!("127.0.0.1:{old}"));
+    assert_eq!(drill.replicas(), 2);
+    let guard_a = Locker::new(a.clone())
+        .lock(key.as_str())
+        .ttl(Duration::from_secs(9))
+        .acquire()
+        .await
+        .expect("A is granted on the master");
+    let token_a = guard_a.token().expect("redis fences");
+    let new = drill
+        .fail_over(FAILOVER)
+        .await
+        .expect("the Sentinels fail over");
+    assert_ne!(new, drill.master());
+
+    // A client that starts now finds the promoted master at once, though the
+    // failover is still in progress (the other replica cannot follow).
+    let b = tokio::time::timeout(Duration::from_secs(5), async {
+        let b = RedisBackend::connect(&url).await?;
+        Locker::new(b)
+            .lock(key.as_str())
+            .wait(Duration::from_secs(4))
+            .acquire()
+            .await
+    })
+    .await
+    .expect("B's connect and acquire took over 5 s")
+    .expect("B is granted on the promoted master while the failover is in progress");
+    assert!(b.token().expect("redis fences") > token_a);
+    // A's next renewal (every 3 s) reaches the new master and finds B there.
+    let lost = tokio::time::timeout(Duration::from_secs(15), guard_a.lost())
+        .await
+        .expect("A never learned it lost the lock");
+    assert!(
+        matches!(
+            &lost,
+            Error::Lost {
+                reason: LostReason::NotHeld(_),
+                ..
+            }
+        ),
+        "A should learn from the new master that the hold is gone: {lost}"
+    );
+
+    // The drill puts the replicas' login back: every node but the new master
+    // copies from it again.
+    drill
+        .restore()
+        .await
+        .expect("the drill restores the replicas");
+    let new_port: u16 = new.rsplit(':').next().unwrap().parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let linked = redis_cli(new_port, &["info", "replication"])
+            .is_ok_and(|i| i.contains("connected_slaves:2"));
+        if linked {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the replicas did not follow the new master within 60 s of the restore"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    b.release().await.unwrap();
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 use fencelock::Locker;
+use tokio::io::{AsyncBufReadExt, BufReader};
 
 use super::stock::Stock;
 use crate::cli::parse_duration;
@@ -13,7 +14,7 @@ use crate::exit;
 
 #[derive(Debug, Args)]
 pub struct BuyerArgs {
-    /// 1: no lock; 2: with fencelock; 3: with fencelock and fenced writes.
+    /// 1: no lock; 2: with fencelock; 3 and 4: with fencelock and fenced writes.
     #[arg(long)]
     pub act: u8,
     #[arg(long)]
@@ -28,7 +29,8 @@ pub struct BuyerArgs {
     pub think: Duration,
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     pub ttl: Duration,
-    /// Act 3's paused holder: take the lock once, report, write late.
+    /// The holder of act 3 (paused) or 4 (its master fails over): take the
+    /// lock once, report, write late.
     #[arg(long)]
     pub victim: bool,
 }
@@ -59,6 +61,9 @@ async fn shop(args: &BuyerArgs) -> Result<u64, String> {
     let locker = fencelock::connect(&args.backend)
         .await
         .map_err(|e| e.to_string())?;
+    if args.victim && args.act == 4 {
+        return failed_over_holder(args, &locker, &stock).await;
+    }
     if args.victim {
         return paused_holder(args, &locker, &stock).await;
     }
@@ -78,8 +83,8 @@ async fn shop(args: &BuyerArgs) -> Result<u64, String> {
         tokio::time::sleep(args.think).await;
         let token = guard.token().map(|t| t.get());
         let applied = match (args.act, token) {
-            (3, Some(t)) => io(|| stock.write_fenced(n - 1, t))?,
-            (3, None) => return Err("act 3 needs a backend with fencing tokens".into()),
+            (3 | 4, Some(t)) => io(|| stock.write_fenced(n - 1, t))?,
+            (3 | 4, None) => return Err("this act needs a backend with fencing tokens".into()),
             _ => io(|| stock.write(n - 1, token)).map(|()| true)?,
         };
         if applied {
@@ -135,6 +140,57 @@ async fn paused_holder(args: &BuyerArgs, locker: &Locker, stock: &Stock) -> Resu
     if applied {
         io(|| stock.record_sale(&args.name, Some(token.get())))?;
     }
+    drop(guard);
+    Ok(u64::from(applied))
+}
+
+/// The seeds' failure: granted on a master that fails over before its
+/// replicas copied the grant. Reports the grant, says `lost` when the hold
+/// is lost, and writes what it read when told to (a line on stdin).
+async fn failed_over_holder(
+    args: &BuyerArgs,
+    locker: &Locker,
+    stock: &Stock,
+) -> Result<u64, String> {
+    let guard = locker
+        .lock(&args.key)
+        .ttl(args.ttl)
+        .acquire()
+        .await
+        .map_err(|e| e.to_string())?;
+    let token = guard
+        .token()
+        .ok_or("act 4 needs a backend with fencing tokens")?;
+    let n = io(|| stock.read())?;
+    println!("holding {token} {n}");
+    let _ = std::io::stdout().flush();
+    let lost = guard.lost();
+    let said_lost = tokio::spawn(async move {
+        let e = lost.await;
+        let at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        println!("lost {} {e}", at.as_millis());
+        let _ = std::io::stdout().flush();
+    });
+    let mut line = String::new();
+    BufReader::new(tokio::io::stdin())
+        .read_line(&mut line)
+        .await
+        .map_err(|e| e.to_string())?;
+    let valid = guard.is_valid();
+    let applied = io(|| stock.write_fenced(n - 1, token.get()))?;
+    println!(
+        "stale-write {} {}",
+        if applied { "accepted" } else { "rejected" },
+        if valid { "valid" } else { "invalid" }
+    );
+    let _ = std::io::stdout().flush();
+    if applied {
+        io(|| stock.record_sale(&args.name, Some(token.get())))?;
+    }
+    // The hold ends at the next renewal at the latest: wait for the line.
+    let _ = tokio::time::timeout(args.ttl * 2, said_lost).await;
     drop(guard);
     Ok(u64::from(applied))
 }

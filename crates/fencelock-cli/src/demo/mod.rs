@@ -5,8 +5,13 @@
 //! Act 3: a holder is SIGSTOPped past its TTL between checking its lease and
 //! writing; the others sell out; on SIGCONT its stale write carries an old token
 //! and the fenced update rejects it.
+//! Act 4 (Redis Sentinel only): the master fails over before its replicas
+//! copied a grant; two buyers hold at once and the stale one's write is
+//! fenced off.
 
 mod buyer;
+#[cfg(feature = "redis")]
+mod failover;
 mod stock;
 
 use std::path::Path;
@@ -121,17 +126,23 @@ async fn act(setup: &Setup<'_>, stock: &Stock, number: u8, fencing: bool) -> Res
     let args = setup.args;
     stock.reset(args.stock)?;
     let start = Instant::now();
-    let stale_write = if number < 3 {
-        wait_all(setup.spawn_buyers(number, args.processes)?).await?;
-        None
-    } else {
-        Some(paused_holder_act(setup).await?)
+    let stale_write = match number {
+        1 | 2 => {
+            wait_all(setup.spawn_buyers(number, args.processes)?).await?;
+            None
+        }
+        3 => Some(paused_holder_act(setup).await?),
+        #[cfg(feature = "redis")]
+        _ => Some(failover::failed_over_holder_act(setup).await?),
+        #[cfg(not(feature = "redis"))]
+        _ => return Err("act 4 needs the redis feature".into()),
     };
     Ok(Act {
         name: match number {
             1 => "1  no lock",
             2 => "2  fencelock",
-            _ => "3  paused holder, fenced write",
+            3 => "3  paused holder, fenced write",
+            _ => "4  failover, fenced write",
         },
         tally: stock.tally()?,
         stock: args.stock,
@@ -140,6 +151,17 @@ async fn act(setup: &Setup<'_>, stock: &Stock, number: u8, fencing: bool) -> Res
         judged: number > 1,
         fencing,
     })
+}
+
+/// Whether act 4 runs on `url`, else why not.
+#[cfg(feature = "redis")]
+fn failover_act(url: &str) -> Result<(), &'static str> {
+    failover::runs_on(url)
+}
+
+#[cfg(not(feature = "redis"))]
+fn failover_act(_url: &str) -> Result<(), &'static str> {
+    Err("this build has no Redis")
 }
 
 /// Act 3; returns whether the stale write was accepted.
@@ -282,10 +304,24 @@ pub async fn demo(args: DemoArgs) -> u8 {
             return exit::FAILURE;
         }
     };
+    let failover = failover_act(&setup.backend);
+    if failover.is_ok() {
+        println!(
+            "act 4 fails over the Sentinel service: writes its master takes during the act are lost; use a setup you may break"
+        );
+    }
     let mut acts = Vec::new();
-    for n in 1..=3u8 {
-        if n == 3 && !caps.fencing {
-            println!("act 3 skipped: the {address} backend gives no fencing tokens");
+    for n in 1..=4u8 {
+        if n >= 3 && !caps.fencing {
+            println!("act {n} skipped: the {address} backend gives no fencing tokens");
+            continue;
+        }
+        if n == 4
+            && let Err(why) = failover
+        {
+            if setup.backend.starts_with("redis+sentinel://") {
+                println!("act 4 skipped: {why}");
+            }
             continue;
         }
         println!("act {n}…");
@@ -310,6 +346,11 @@ pub async fn demo(args: DemoArgs) -> u8 {
         println!(
             "with fencelock nothing was oversold, tokens rose with every sale, and the paused holder's stale write was fenced off."
         );
+        if acts.len() == 4 {
+            println!(
+                "after the failover the new master granted the lock again (asynchronous replication lost the first grant); the older token kept the first holder's write out."
+            );
+        }
         0
     } else if ok {
         println!(
