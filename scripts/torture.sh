@@ -45,6 +45,7 @@ targets=(
     "memcached|--spawn memcached|pause,kill,partition,freeze,lost-reply,latency,clock|superseded_writes_accepted: memcached gives no fencing tokens"
     "redis sentinel|--spawn redis-sentinel|failover|overlaps: a failover loses grants the replica had not copied (README: exclusion holds while Redis keeps its data)"
     "redis sentinel (wait_replicas=1)|--spawn redis-sentinel-wait|failover|"
+    "redis cluster (replicas)|--spawn redis-cluster|failover|overlaps: a failover loses grants the replica had not copied (README: exclusion holds while Redis keeps its data)"
 )
 
 status=0

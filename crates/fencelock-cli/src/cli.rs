@@ -179,7 +179,7 @@ pub struct TortureArgs {
     /// memcached, etcd (3 members), zookeeper (3 servers), postgres-lease,
     /// postgres-advisory, mysql-lease, mysql-get-lock (MariaDB), redis-sentinel
     /// (a master, a replica, 3 Sentinels), redis-sentinel-wait (the same with
-    /// wait_replicas=1).
+    /// wait_replicas=1), redis-cluster (3 primaries with a replica each).
     #[arg(long, value_name = "KIND", value_parser = parse_spawn)]
     pub spawn: Option<fencelock_torture::SpawnKind>,
     /// Client processes.

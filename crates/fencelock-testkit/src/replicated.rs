@@ -287,6 +287,8 @@ fn isolate(primary: u16, replicas: &[&ServerProcess]) -> io::Result<()> {
 pub struct ClusterSetup {
     dir: PathBuf,
     nodes: Vec<ServerProcess>,
+    /// Each node's cluster arguments, in the order of `nodes`.
+    args: Vec<Vec<String>>,
 }
 
 /// One line of `CLUSTER NODES`.
@@ -342,7 +344,7 @@ impl ClusterSetup {
     ///
     /// If a node does not start, or the cluster is not whole within 60 s.
     pub fn start(dir: &Path, node_timeout: Duration) -> io::Result<ClusterSetup> {
-        let mut nodes = Vec::new();
+        let (mut nodes, mut all_args) = (Vec::new(), Vec::new());
         for _ in 0..6 {
             let port = free_port();
             let timeout = node_timeout.as_millis().to_string();
@@ -362,6 +364,7 @@ impl ClusterSetup {
             .map(|s| s.to_string())
             .collect();
             nodes.push(redis_server(dir, port, &args)?);
+            all_args.push(args);
         }
         let addrs: Vec<String> = nodes
             .iter()
@@ -381,18 +384,45 @@ impl ClusterSetup {
         let setup = ClusterSetup {
             dir: dir.to_path_buf(),
             nodes,
+            args: all_args,
         };
+        setup.wait_whole(Duration::from_secs(60))?;
+        Ok(setup)
+    }
+
+    fn wait_whole(&self, limit: Duration) -> io::Result<()> {
         let start = Instant::now();
-        while !setup.whole() {
-            if start.elapsed() > Duration::from_secs(60) {
+        while !self.whole() {
+            if start.elapsed() > limit {
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
-                    format!("the cluster in {} never became whole", dir.display()),
+                    format!(
+                        "the cluster in {} is not whole within {limit:?}",
+                        self.dir.display()
+                    ),
                 ));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        Ok(setup)
+        Ok(())
+    }
+
+    /// Starts the node on `port` again (empty, with its node table) and
+    /// waits until the cluster is whole: a primary that was replaced comes
+    /// back as a replica of the node that took its slots.
+    ///
+    /// # Errors
+    ///
+    /// If the node does not start, or the cluster is not whole within 60 s.
+    pub fn restart_node(&mut self, port: u16) -> io::Result<()> {
+        let i = self
+            .nodes
+            .iter()
+            .position(|n| n.port() == port)
+            .ok_or_else(|| io::Error::other(format!("no cluster node on port {port}")))?;
+        self.nodes[i].kill();
+        self.nodes[i] = redis_server(&self.dir, port, &self.args[i])?;
+        self.wait_whole(Duration::from_secs(60))
     }
 
     /// Every node sees the cluster ok with three primaries, each with a

@@ -114,11 +114,15 @@ impl FaultKind {
                 Some("needs servers the tool started (--spawn); only a URL was given")
             }
             Failover => match spawned {
-                Some(S::RedisSentinel | S::RedisSentinelWait) => None,
-                _ => Some("only a Redis Sentinel setup fails over"),
+                Some(S::RedisSentinel | S::RedisSentinelWait | S::RedisCluster) => None,
+                _ => Some("only a Redis Sentinel setup or a cluster with replicas fails over"),
             },
-            _ if matches!(spawned, Some(S::RedisSentinel | S::RedisSentinelWait)) => {
-                Some("a Sentinel setup's server fault is failover")
+            _ if matches!(
+                spawned,
+                Some(S::RedisSentinel | S::RedisSentinelWait | S::RedisCluster)
+            ) =>
+            {
+                Some("a replicated Redis setup's server fault is failover")
             }
             Restart => match spawned {
                 Some(S::Memcached) => Some("memcached keeps no data: its restart is restart-empty"),

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fencelock_testkit::replicated::SentinelSetup;
+use fencelock_testkit::replicated::{ClusterSetup, SentinelSetup};
 use fencelock_testkit::{ServerProcess, account_ids, free_port, postgres_program};
 
 /// Which private servers to start (`--spawn`).
@@ -42,11 +42,14 @@ pub enum SpawnKind {
     RedisSentinel,
     /// The same, grants acknowledged by the replica (`wait_replicas=1`).
     RedisSentinelWait,
+    /// A Redis Cluster of three primaries with a replica each (node timeout
+    /// 2 s), no persistence, under `redis+cluster://`.
+    RedisCluster,
 }
 
 impl SpawnKind {
     /// Every kind, with its name on the command line.
-    pub const ALL: [(&'static str, SpawnKind); 11] = [
+    pub const ALL: [(&'static str, SpawnKind); 12] = [
         ("redis", SpawnKind::Redis),
         ("redlock", SpawnKind::Redlock),
         ("memcached", SpawnKind::Memcached),
@@ -58,6 +61,7 @@ impl SpawnKind {
         ("mysql-get-lock", SpawnKind::MysqlGetLock),
         ("redis-sentinel", SpawnKind::RedisSentinel),
         ("redis-sentinel-wait", SpawnKind::RedisSentinelWait),
+        ("redis-cluster", SpawnKind::RedisCluster),
     ];
 
     /// Parses a name of [`SpawnKind::ALL`].
@@ -74,6 +78,14 @@ impl SpawnKind {
     }
 }
 
+/// A failover under way: the primary cut off and its stopped replicas (a
+/// cluster's), and a key the primary serves (a cluster's).
+struct FailingOver {
+    primary: u16,
+    replicas: Vec<u16>,
+    key: String,
+}
+
 struct Member {
     port: u16,
     /// The ZooKeeper quorum ports or the etcd peer port.
@@ -88,8 +100,10 @@ pub struct Servers {
     members: Vec<Member>,
     /// The Sentinel kinds' servers (no members then).
     sentinel: Option<SentinelSetup>,
-    /// The master a failover fault cut off from its replicas, until it heals.
-    failing_over: Option<u16>,
+    /// The cluster kind's servers (no members then).
+    cluster: Option<ClusterSetup>,
+    /// The primary a failover fault cut off from its replicas, until it heals.
+    failing_over: Option<FailingOver>,
     _dir: tempfile::TempDir,
 }
 
@@ -107,12 +121,18 @@ impl Servers {
         let n = match kind {
             SpawnKind::Redlock => 5,
             SpawnKind::Etcd | SpawnKind::Zookeeper => 3,
-            SpawnKind::RedisSentinel | SpawnKind::RedisSentinelWait => 0,
+            SpawnKind::RedisSentinel | SpawnKind::RedisSentinelWait | SpawnKind::RedisCluster => 0,
             _ => 1,
         };
         let sentinel = match kind {
             SpawnKind::RedisSentinel | SpawnKind::RedisSentinelWait => {
                 Some(SentinelSetup::start(dir.path(), 1, Duration::from_secs(1))?)
+            }
+            _ => None,
+        };
+        let cluster = match kind {
+            SpawnKind::RedisCluster => {
+                Some(ClusterSetup::start(dir.path(), Duration::from_secs(2))?)
             }
             _ => None,
         };
@@ -132,6 +152,7 @@ impl Servers {
             kind,
             members,
             sentinel,
+            cluster,
             failing_over: None,
             _dir: dir,
         };
@@ -184,39 +205,72 @@ impl Servers {
                     .as_ref()
                     .map_or_else(String::new, |s| s.url(query))
             }
+            SpawnKind::RedisCluster => self
+                .cluster
+                .as_ref()
+                .map_or_else(String::new, |c| c.url("")),
         }
     }
 
-    /// A failover, first half: the master is cut off from its replica (so
+    /// A failover, first half: a primary is cut off from its replicas (so
     /// what it grants from now on is lost in the failover); returns its port.
-    /// `None` without Sentinels, or while a failover is under way.
+    /// `None` without a replicated setup, or while a failover is under way.
     pub fn isolate_master(&mut self) -> Option<u16> {
         if self.failing_over.is_some() {
             return None;
         }
-        let s = self.sentinel.as_mut()?;
-        let master = s.master_port().ok()?;
-        s.isolate_replicas(master).ok()?;
-        self.failing_over = Some(master);
-        Some(master)
+        let failing = if let Some(s) = self.sentinel.as_mut() {
+            let master = s.master_port().ok()?;
+            s.isolate_replicas(master).ok()?;
+            FailingOver {
+                primary: master,
+                replicas: Vec::new(),
+                key: String::new(),
+            }
+        } else {
+            // The primary of a random slot.
+            let c = self.cluster.as_mut()?;
+            let key = format!("failover-{}", fastrand::u32(..));
+            let primary = c.primary_of(&key).ok()?;
+            let replicas = c.isolate_replicas(primary).ok()?;
+            FailingOver {
+                primary,
+                replicas,
+                key,
+            }
+        };
+        let port = failing.primary;
+        self.failing_over = Some(failing);
+        Some(port)
     }
 
-    /// A failover, second half: the master cut off by
-    /// [`Servers::isolate_master`] is SIGKILLed and its replica resumed;
-    /// returns once the Sentinels promoted it, with the old master started
-    /// again (empty) as a replica.
+    /// A failover, second half: the primary cut off by
+    /// [`Servers::isolate_master`] is SIGKILLed and its replicas resumed;
+    /// returns once one was promoted, with the old primary started again
+    /// (empty) as a replica.
     ///
     /// # Errors
     ///
-    /// If no replica is promoted within 60 s, or the old master does not start.
+    /// If no replica is promoted within 60 s, or the old primary does not
+    /// start or rejoin.
     pub fn fail_over(&mut self) -> io::Result<()> {
-        let (Some(s), Some(old)) = (self.sentinel.as_mut(), self.failing_over.take()) else {
+        let Some(f) = self.failing_over.take() else {
             return Ok(());
         };
-        s.node(old).kill();
-        s.resume_replicas(old)?;
-        s.wait_for_failover(old, Duration::from_secs(60))?;
-        s.restart_node(old)
+        let limit = Duration::from_secs(60);
+        if let Some(s) = self.sentinel.as_mut() {
+            s.node(f.primary).kill();
+            s.resume_replicas(f.primary)?;
+            s.wait_for_failover(f.primary, limit)?;
+            s.restart_node(f.primary)
+        } else if let Some(c) = self.cluster.as_mut() {
+            c.node(f.primary).kill();
+            c.resume(&f.replicas)?;
+            c.wait_for_failover(f.primary, &f.key, limit)?;
+            c.restart_node(f.primary)
+        } else {
+            Ok(())
+        }
     }
 
     /// Whether member `i` runs.
@@ -362,9 +416,9 @@ impl Servers {
                 }
                 ("memcached", cmd)
             }
-            SpawnKind::RedisSentinel | SpawnKind::RedisSentinelWait => {
+            SpawnKind::RedisSentinel | SpawnKind::RedisSentinelWait | SpawnKind::RedisCluster => {
                 return Err(io::Error::other(
-                    "a Sentinel setup starts its servers itself",
+                    "a replicated setup starts its servers itself",
                 ));
             }
             SpawnKind::Etcd => ("etcd", self.etcd_command(i, first)),
