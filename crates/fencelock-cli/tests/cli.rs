@@ -639,6 +639,34 @@ fn demo_on_sentinel_fences_the_holder_a_failover_lost() {
         "{}",
         stdout(&o)
     );
+    // A master that refuses writes without its replicas cannot lose a grant:
+    // the act says so and changes nothing.
+    let master = setup.master_port().unwrap();
+    fencelock_testkit::replicated::redis_cli(
+        master,
+        &["config", "set", "min-replicas-to-write", "1"],
+    )
+    .unwrap();
+    let o = env.output(&[
+        "demo",
+        "--backend",
+        &setup.url(""),
+        "--processes",
+        "2",
+        "--stock",
+        "2",
+    ]);
+    assert_eq!(code(&o), 0, "{}\n{}", stdout(&o), stderr(&o));
+    assert!(
+        stdout(&o).contains("min-replicas-to-write"),
+        "{}",
+        stdout(&o)
+    );
+    assert_eq!(
+        setup.master_port().unwrap(),
+        master,
+        "no failover without a cut"
+    );
 }
 
 #[test]

@@ -58,6 +58,7 @@ impl Drill {
             cut: Vec::new(),
         };
         drill.master = drill.named_master().await?;
+        drill.check_master_takes_writes_alone().await?;
         let replicas = drill.replicas_up().await?;
         if replicas.is_empty() {
             return Err(Error::backend(
@@ -219,6 +220,36 @@ impl Drill {
             .await;
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// Fails if the master refuses writes while too few replicas copy them
+    /// (`min-replicas-to-write`): it would refuse the grant the drill means
+    /// to lose.
+    async fn check_master_takes_writes_alone(&self) -> Result<()> {
+        let master = self.master.clone();
+        let mut m = self.node(&master).await?;
+        let got: Value = timed(
+            redis::cmd("CONFIG")
+                .arg("GET")
+                .arg("min-replicas-to-write")
+                .query_async(&mut m),
+        )
+        .await
+        .map_err(|e| self.refused(&master, "CONFIG GET min-replicas-to-write", e))?;
+        let min: u32 = fields(&got)
+            .get("min-replicas-to-write")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        if min > 0 {
+            return Err(Error::backend(
+                NAME,
+                format!(
+                    "{} refuses writes while fewer than {min} replicas copy them (min-replicas-to-write): it cannot grant what a failover would lose",
+                    addr(&master)
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Puts each replica's `masterauth` back; returns those it could not reach.

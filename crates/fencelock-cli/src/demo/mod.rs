@@ -122,7 +122,13 @@ fn signal(child: &Child, sig: Signal) -> Result<(), String> {
         .map_err(|e| format!("cannot send {sig} to the paused holder: {e}"))
 }
 
-async fn act(setup: &Setup<'_>, stock: &Stock, number: u8, fencing: bool) -> Result<Act, String> {
+/// Runs act `number`; `None` if it could not start (it said why).
+async fn act(
+    setup: &Setup<'_>,
+    stock: &Stock,
+    number: u8,
+    fencing: bool,
+) -> Result<Option<Act>, String> {
     let args = setup.args;
     stock.reset(args.stock)?;
     let start = Instant::now();
@@ -133,11 +139,14 @@ async fn act(setup: &Setup<'_>, stock: &Stock, number: u8, fencing: bool) -> Res
         }
         3 => Some(paused_holder_act(setup).await?),
         #[cfg(feature = "redis")]
-        _ => Some(failover::failed_over_holder_act(setup).await?),
+        _ => match failover::failed_over_holder_act(setup).await? {
+            Some(accepted) => Some(accepted),
+            None => return Ok(None),
+        },
         #[cfg(not(feature = "redis"))]
         _ => return Err("act 4 needs the redis feature".into()),
     };
-    Ok(Act {
+    Ok(Some(Act {
         name: match number {
             1 => "1  no lock",
             2 => "2  fencelock",
@@ -150,7 +159,7 @@ async fn act(setup: &Setup<'_>, stock: &Stock, number: u8, fencing: bool) -> Res
         secs: start.elapsed().as_secs_f64(),
         judged: number > 1,
         fencing,
-    })
+    }))
 }
 
 /// Whether act 4 runs on `url`, else why not.
@@ -326,7 +335,8 @@ pub async fn demo(args: DemoArgs) -> u8 {
         }
         println!("act {n}…");
         match act(&setup, &stock, n, caps.fencing).await {
-            Ok(a) => acts.push(a),
+            Ok(Some(a)) => acts.push(a),
+            Ok(None) => {}
             Err(e) => {
                 eprintln!("fencelock: act {n} failed: {e}");
                 return exit::FAILURE;
