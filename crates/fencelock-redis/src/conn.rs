@@ -40,9 +40,13 @@ pub(crate) fn map_err(e: RedisError, addr: &str) -> Error {
         || e.is_connection_refusal()
         || e.is_connection_dropped()
         || e.is_timeout()
-        // The server is loading its data after a restart, or a cluster is
-        // between states: a retry cures it.
-        || matches!(e.code(), Some("LOADING" | "TRYAGAIN" | "CLUSTERDOWN" | "MASTERDOWN"))
+        // The server is loading its data after a restart, a cluster is
+        // between states, or a master refuses writes until its replicas are
+        // back (`min-replicas-to-write`): a retry cures it.
+        || matches!(
+            e.code(),
+            Some("LOADING" | "TRYAGAIN" | "CLUSTERDOWN" | "MASTERDOWN" | "NOREPLICAS")
+        )
     {
         Error::connection(NAME, addr, &e)
     } else {

@@ -451,3 +451,48 @@ async fn a_promoted_master_is_used_while_the_other_replicas_still_catch_up() {
     }
     b.release().await.unwrap();
 }
+
+/// `min-replicas-to-write` (the docs advise it) makes a master refuse writes
+/// while its replicas are away: a waiter waits for them, within its wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_that_refuses_writes_without_replicas_holds_waiters_until_one_returns() {
+    let (_dir, mut s) = setup("noreplicas", Duration::from_secs(5));
+    let master = s.master_port().unwrap();
+    redis_cli(master, &["config", "set", "min-replicas-to-write", "1"]).unwrap();
+    redis_cli(master, &["config", "set", "min-replicas-max-lag", "2"]).unwrap();
+    let locker = Locker::new(RedisBackend::connect(&s.url("")).await.unwrap());
+    s.isolate_replicas(master).unwrap();
+    // Until the master sees a replica again, nothing is granted...
+    let started = Instant::now();
+    let refused = locker
+        .lock("orders/4")
+        .wait(Duration::from_secs(2))
+        .acquire()
+        .await
+        .expect_err("granted without a replica");
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "gave up after {:?}, before its 2 s wait: {refused}",
+        started.elapsed()
+    );
+    assert!(refused.to_string().contains("NOREPLICAS"), "{refused}");
+    // ...and a waiter is granted once one is back.
+    let waiter = {
+        let locker = locker.clone();
+        tokio::spawn(async move {
+            locker
+                .lock("orders/4")
+                .wait(Duration::from_secs(60))
+                .acquire()
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    s.resume_replicas(master).unwrap();
+    let guard = waiter
+        .await
+        .unwrap()
+        .expect("granted once the replica is back");
+    assert_eq!(s.master_port().unwrap(), master, "no failover happened");
+    guard.release().await.unwrap();
+}
