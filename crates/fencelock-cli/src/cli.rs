@@ -338,8 +338,10 @@ Examples:
   fencelock demo --processes 20 --stock 50
   fencelock demo --backend sqlite:///tmp/demo-locks.db
 
-Exit status 0 only if acts 2 and 3 are correct (nothing oversold, tokens strictly
-increasing, the paused holder's stale write rejected).";
+Exit status 0 only if every act that ran with fencelock is correct (nothing
+oversold, tokens strictly increasing, the stale write rejected). Act 4 runs on a
+Redis Sentinel setup (--backend redis+sentinel://…) and fails it over: use a
+setup you may break.";
 
 const BENCH_HELP: &str = "\
 Examples:

@@ -669,6 +669,85 @@ fn demo_on_sentinel_fences_the_holder_a_failover_lost() {
     );
 }
 
+/// A demo stopped with SIGTERM during act 4 lets the replicas copy again
+/// first; one killed outright (SIGKILL) leaves a mark the next demo names.
+#[test]
+fn demo_stopped_during_the_failover_act_puts_the_replicas_back() {
+    use fencelock_testkit::replicated::{SentinelSetup, redis_cli};
+    let env = Env::new();
+    let dir = tempfile::Builder::new()
+        .prefix("fencelock-demo-stop-")
+        .tempdir()
+        .unwrap();
+    let setup =
+        SentinelSetup::start(dir.path(), 2, Duration::from_secs(5)).expect("sentinel setup");
+    let masterauth = |port: u16| redis_cli(port, &["config", "get", "masterauth"]).unwrap();
+    let url = setup.url("");
+    let out = env.path("demo.out");
+    let mut demo = env
+        .cmd(&[
+            "demo",
+            "--backend",
+            &url,
+            "--processes",
+            "3",
+            "--stock",
+            "200",
+            "--think",
+            "50ms",
+        ])
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !std::fs::read_to_string(&out).is_ok_and(|s| s.contains("a holder got the lock")) {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "act 4 did not start: {}",
+            std::fs::read_to_string(&out).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    send_signal(demo.id(), Signal::SIGTERM).unwrap();
+    let status = demo.wait().unwrap();
+    assert!(!status.success(), "a stopped demo does not pass");
+    for port in setup.node_ports() {
+        let auth = masterauth(port);
+        assert!(
+            !auth.contains("fencelock-drill-"),
+            "{port} kept the drill's masterauth: {auth}"
+        );
+    }
+    // A mark left by a drill that was killed: the next demo names the node.
+    let replica = setup
+        .node_ports()
+        .into_iter()
+        .find(|&p| p != setup.master_port().unwrap())
+        .unwrap();
+    redis_cli(
+        replica,
+        &["config", "set", "masterauth", "fencelock-drill-0"],
+    )
+    .unwrap();
+    let o = env.output(&[
+        "demo",
+        "--backend",
+        &url,
+        "--processes",
+        "2",
+        "--stock",
+        "2",
+    ]);
+    assert_eq!(code(&o), 0, "{}\n{}", stdout(&o), stderr(&o));
+    assert!(
+        stdout(&o).contains("killed left masterauth") && stdout(&o).contains(&replica.to_string()),
+        "{}",
+        stdout(&o)
+    );
+    redis_cli(replica, &["config", "set", "masterauth", ""]).unwrap();
+}
+
 #[test]
 fn version_and_help() {
     let env = Env::new();

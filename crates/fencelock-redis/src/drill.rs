@@ -10,7 +10,10 @@
 //! refuses and closes the replicas' links (`CLIENT KILL TYPE replica`);
 //! [`Drill::restore`] puts `masterauth` back (and rewrites the config file,
 //! as the Sentinels rewrite it during a failover). The replicas need
-//! `CONFIG` and the master `CLIENT KILL`.
+//! `CONFIG` and the master `CLIENT KILL`. A process killed before the restore
+//! leaves `masterauth` at `fencelock-drill-…` (also in the config files the
+//! Sentinels rewrote): the next [`Drill::cut`] refuses to start and names the
+//! nodes, whose `masterauth` must then be set back by hand.
 
 use std::time::Duration;
 
@@ -21,6 +24,9 @@ use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo, RedisConnectionIn
 use crate::node::NAME;
 use crate::options::{Target, parse_url};
 use crate::sentinel::fields;
+
+/// How the `masterauth` of a cut replica begins.
+const MARK: &str = "fencelock-drill-";
 
 /// The longest one command of the drill may take.
 const PATIENCE: Duration = Duration::from_secs(5);
@@ -60,6 +66,7 @@ impl Drill {
         drill.master = drill.named_master().await?;
         drill.check_master_takes_writes_alone().await?;
         let replicas = drill.replicas_up().await?;
+        drill.check_no_leftovers(&replicas).await?;
         if replicas.is_empty() {
             return Err(Error::backend(
                 NAME,
@@ -131,7 +138,7 @@ impl Drill {
                 return Err(Error::backend(
                     NAME,
                     format!(
-                        "the Sentinels named no new master of {:?} within {}",
+                        "the Sentinels named no new master of {:?} within {} (their logs say why: a Sentinel in TILT mode, or replicas cut off for longer than 10 × down-after-milliseconds, abort a failover)",
                         self.service,
                         humantime::format_duration(within)
                     ),
@@ -160,7 +167,7 @@ impl Drill {
     }
 
     async fn cut_off(&mut self, replicas: Vec<(String, u16)>) -> Result<()> {
-        let refused = format!("fencelock-drill-{:016x}", fastrand::u64(..));
+        let refused = format!("{MARK}{:016x}", fastrand::u64(..));
         for r in replicas {
             let mut c = self.node(&r).await?;
             let got: Value = timed(
@@ -250,6 +257,38 @@ impl Drill {
             ));
         }
         Ok(())
+    }
+
+    /// Fails if a node still has the `masterauth` of a drill that was killed.
+    async fn check_no_leftovers(&self, replicas: &[(String, u16)]) -> Result<()> {
+        let mut left = Vec::new();
+        for n in std::iter::once(&self.master).chain(replicas) {
+            let mut c = self.node(n).await?;
+            let got: Value = timed(
+                redis::cmd("CONFIG")
+                    .arg("GET")
+                    .arg("masterauth")
+                    .query_async(&mut c),
+            )
+            .await
+            .map_err(|e| self.refused(n, "CONFIG GET masterauth", e))?;
+            if fields(&got)
+                .get("masterauth")
+                .is_some_and(|v| v.starts_with(MARK))
+            {
+                left.push(addr(n));
+            }
+        }
+        if left.is_empty() {
+            return Ok(());
+        }
+        Err(Error::backend(
+            NAME,
+            format!(
+                "a drill that was killed left masterauth at {MARK}… on {}: set it back there (CONFIG SET masterauth <what it was>; CONFIG REWRITE)",
+                left.join(", ")
+            ),
+        ))
     }
 
     /// Puts each replica's `masterauth` back; returns those it could not reach.

@@ -79,8 +79,16 @@ enum Named {
     NoneUp,
     /// Every Sentinel that answered monitors no such service.
     NoSuchService,
-    /// No Sentinel answered.
-    Silent,
+    /// Every Sentinel refused the lookup (not a Sentinel, a refused login):
+    /// what each said.
+    Refused(String),
+    /// No Sentinel answered: why, per Sentinel.
+    Silent(String),
+}
+
+/// Whether `e` is a server's refusal rather than a missing answer.
+fn is_refusal(e: &RedisError) -> bool {
+    !(e.is_io_error() || e.is_connection_refusal() || e.is_connection_dropped() || e.is_timeout())
 }
 
 /// Whether `e` says that this connection may no longer reach the master.
@@ -187,8 +195,10 @@ impl Master {
         .await;
         drop(asked);
         let (mut unknown, mut answered) = (0, 0);
+        let (mut refusals, mut silences) = (Vec::new(), Vec::new());
         let mut best: Option<(u64, Option<(String, u16)>)> = None;
-        for answer in answers {
+        for (answer, client) in answers.into_iter().zip(&self.sentinels) {
+            let at = client.get_connection_info().addr();
             let (v, current) = match answer {
                 Ok(Ok(v)) => v,
                 Ok(Err(e)) if e.to_string().contains("No such master") => {
@@ -196,7 +206,21 @@ impl Master {
                     unknown += 1;
                     continue;
                 }
-                _ => continue,
+                Ok(Err(e)) if is_refusal(&e) => {
+                    refusals.push(format!("{at}: {e}"));
+                    continue;
+                }
+                Ok(Err(e)) => {
+                    silences.push(format!("{at}: {e}"));
+                    continue;
+                }
+                Err(_) => {
+                    silences.push(format!(
+                        "{at}: no answer within {}",
+                        humantime::format_duration(SENTINEL_PATIENCE)
+                    ));
+                    continue;
+                }
             };
             answered += 1;
             let f = fields(&v);
@@ -233,7 +257,13 @@ impl Master {
             Some((_, Some((ip, port)))) => Named::Master(ip, port),
             Some((_, None)) => Named::NoneUp,
             None if answered > 0 && unknown == answered => Named::NoSuchService,
-            None => Named::Silent,
+            None if silences.is_empty() && !refusals.is_empty() => {
+                Named::Refused(refusals.join("; "))
+            }
+            None => {
+                silences.extend(refusals);
+                Named::Silent(silences.join("; "))
+            }
         }
     }
 
@@ -244,6 +274,9 @@ impl Master {
             Named::NoSuchService => Err(format!(
                 "the Sentinels monitor no service named {:?} (the path of a redis+sentinel:// URL names it)",
                 self.service
+            )),
+            Named::Refused(why) => Err(format!(
+                "no Sentinel takes the lookup ({why}): the hosts of a redis+sentinel:// URL are the Sentinels, and sentinel_user=/sentinel_password= their login"
             )),
             _ => Ok(()),
         }
@@ -297,15 +330,22 @@ impl Master {
             Named::NoneUp => {
                 return Err(RedisError::from((
                     ErrorKind::Io,
-                    "the Sentinels name no master that is up (a failover in progress)",
+                    "the Sentinels name no master that is up (it is down or being replaced)",
                     format!("service {:?}", self.service),
                 )));
             }
-            Named::Silent => {
+            Named::Refused(why) => {
+                return Err(RedisError::from((
+                    ErrorKind::Io,
+                    "no Sentinel takes the lookup",
+                    format!("service {:?}: {why}", self.service),
+                )));
+            }
+            Named::Silent(why) => {
                 return Err(RedisError::from((
                     ErrorKind::Io,
                     "no Sentinel answers",
-                    format!("service {:?}", self.service),
+                    format!("service {:?}: {why}", self.service),
                 )));
             }
         };
@@ -403,7 +443,7 @@ async fn watch(master: Weak<Master>) {
             Named::Master(host, port) => (host, port) != c.addr,
             Named::NoneUp => true,
             // Nobody to ask, or a changed configuration: keep what works.
-            Named::NoSuchService | Named::Silent => false,
+            Named::NoSuchService | Named::Refused(_) | Named::Silent(_) => false,
         };
         if stale {
             tracing::debug!(service = %m.service, "the Sentinels replace the master; connecting anew");

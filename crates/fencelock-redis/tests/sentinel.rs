@@ -34,3 +34,26 @@ async fn the_master_is_found_through_any_sentinel_that_answers() {
     assert!(g.token().is_some());
     g.release().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_data_node_or_a_wrong_login_where_sentinels_belong_is_a_configuration_error_that_says_why()
+ {
+    // A data node's address where a Sentinel belongs.
+    let e = RedisBackend::connect("redis+sentinel://127.0.0.1:6379/fencelock")
+        .await
+        .expect_err("6379 is no Sentinel");
+    assert!(
+        matches!(e, Error::InvalidConfig { .. }) && e.to_string().contains("SENTINEL"),
+        "the data node's own answer should show: {e:?}"
+    );
+    // A password the Sentinels do not have.
+    let e = RedisBackend::connect(&format!(
+        "redis+sentinel://{SENTINELS}/fencelock?sentinel_password=nope"
+    ))
+    .await
+    .expect_err("the Sentinels have no password");
+    assert!(
+        matches!(e, Error::InvalidConfig { .. }) && e.to_string().contains("127.0.0.1:7211"),
+        "{e:?}"
+    );
+}

@@ -43,7 +43,7 @@ fn io<T>(f: impl FnOnce() -> super::stock::Result<T>) -> Result<T, String> {
 pub async fn buyer(args: BuyerArgs) -> u8 {
     match shop(&args).await {
         Ok(bought) => {
-            println!("{} bought {bought}", args.name);
+            say(format_args!("{} bought {bought}", args.name));
             0
         }
         Err(e) => {
@@ -58,7 +58,7 @@ async fn shop(args: &BuyerArgs) -> Result<u64, String> {
     if args.act == 1 {
         return shop_without_lock(args, &stock).await;
     }
-    let locker = fencelock::connect(&args.backend)
+    let locker = fencelock::connect_within(&args.backend, Some(super::CONNECT_WAIT))
         .await
         .map_err(|e| e.to_string())?;
     if args.victim && args.act == 4 {
@@ -91,7 +91,10 @@ async fn shop(args: &BuyerArgs) -> Result<u64, String> {
             io(|| stock.record_sale(&args.name, token))?;
             bought += 1;
         } else {
-            println!("{} write rejected with token {token:?}", args.name);
+            say(format_args!(
+                "{} write rejected with token {token:?}",
+                args.name
+            ));
         }
         guard.release().await.map_err(|e| e.to_string())?;
     }
@@ -127,16 +130,14 @@ async fn paused_holder(args: &BuyerArgs, locker: &Locker, stock: &Stock) -> Resu
     if !guard.is_valid() {
         return Err("lease invalid right after the grant".into());
     }
-    println!("holding {token} {n}");
-    let _ = std::io::stdout().flush();
+    say(format_args!("holding {token} {n}"));
     // The pause lands in this window.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let applied = io(|| stock.write_fenced(n - 1, token.get()))?;
-    println!(
+    say(format_args!(
         "stale-write {}",
         if applied { "accepted" } else { "rejected" }
-    );
-    let _ = std::io::stdout().flush();
+    ));
     if applied {
         io(|| stock.record_sale(&args.name, Some(token.get())))?;
     }
@@ -162,16 +163,14 @@ async fn failed_over_holder(
         .token()
         .ok_or("act 4 needs a backend with fencing tokens")?;
     let n = io(|| stock.read())?;
-    println!("holding {token} {n}");
-    let _ = std::io::stdout().flush();
+    say(format_args!("holding {token} {n}"));
     let lost = guard.lost();
     let said_lost = tokio::spawn(async move {
         let e = lost.await;
         let at = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
-        println!("lost {} {e}", at.as_millis());
-        let _ = std::io::stdout().flush();
+        say(format_args!("lost {} {e}", at.as_millis()));
     });
     let mut line = String::new();
     BufReader::new(tokio::io::stdin())
@@ -180,12 +179,11 @@ async fn failed_over_holder(
         .map_err(|e| e.to_string())?;
     let valid = guard.is_valid();
     let applied = io(|| stock.write_fenced(n - 1, token.get()))?;
-    println!(
+    say(format_args!(
         "stale-write {} {}",
         if applied { "accepted" } else { "rejected" },
         if valid { "valid" } else { "invalid" }
-    );
-    let _ = std::io::stdout().flush();
+    ));
     if applied {
         io(|| stock.record_sale(&args.name, Some(token.get())))?;
     }
@@ -193,4 +191,10 @@ async fn failed_over_holder(
     let _ = tokio::time::timeout(args.ttl * 2, said_lost).await;
     drop(guard);
     Ok(u64::from(applied))
+}
+
+/// One line to the demo; nothing if it is gone (a closed pipe).
+fn say(line: std::fmt::Arguments<'_>) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
 }

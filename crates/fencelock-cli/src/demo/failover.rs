@@ -48,7 +48,7 @@ pub async fn failed_over_holder_act(setup: &Setup<'_>) -> Result<Option<bool>, S
     };
     let result = tokio::select! {
         r = with_replicas_cut(setup, &drill) => r,
-        _ = tokio::signal::ctrl_c() => Err("interrupted".to_string()),
+        why = stopped() => Err(why),
     };
     let restored = drill
         .restore()
@@ -128,6 +128,24 @@ async fn with_replicas_cut(setup: &Setup<'_>, drill: &Drill) -> Result<bool, Str
     }
     let _ = holder.kill().await;
     Ok(verdict == "accepted")
+}
+
+/// Resolves when the demo is told to stop (SIGINT, SIGTERM, SIGHUP), so
+/// that the replicas are put back first; says which.
+async fn stopped() -> String {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut hup)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+    ) else {
+        let _ = tokio::signal::ctrl_c().await;
+        return "interrupted".into();
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => "interrupted (SIGINT)".into(),
+        _ = term.recv() => "stopped (SIGTERM)".into(),
+        _ = hup.recv() => "stopped (SIGHUP)".into(),
+    }
 }
 
 /// When the holder's `lost <unix ms> …` line says it lost the hold.

@@ -29,6 +29,10 @@ use stock::{Stock, Tally};
 use crate::cli::DemoArgs;
 use crate::exit;
 
+/// How long the demo and its buyers wait for a backend that does not answer
+/// yet (a server starting, a Sentinel service between masters).
+const CONNECT_WAIT: Duration = Duration::from_secs(30);
+
 /// One row of the summary table.
 struct Act {
     name: &'static str,
@@ -231,6 +235,9 @@ async fn paused_holder_act(setup: &Setup<'_>) -> Result<bool, String> {
 }
 
 fn print_table(acts: &[Act]) {
+    if acts.is_empty() {
+        return;
+    }
     println!();
     println!(
         "{:<32} {:>5} {:>6} {:>9} {:>11} {:>12}  result",
@@ -265,7 +272,7 @@ fn print_table(acts: &[Act]) {
 
 pub async fn demo(args: DemoArgs) -> u8 {
     let url = args.backend.url();
-    let locker = match fencelock::connect(&url).await {
+    let locker = match fencelock::connect_within(&url, Some(CONNECT_WAIT)).await {
         Ok(l) => l,
         Err(e) => return exit::report(&e),
     };
@@ -338,6 +345,7 @@ pub async fn demo(args: DemoArgs) -> u8 {
             Ok(Some(a)) => acts.push(a),
             Ok(None) => {}
             Err(e) => {
+                print_table(&acts);
                 eprintln!("fencelock: act {n} failed: {e}");
                 return exit::FAILURE;
             }
