@@ -215,7 +215,13 @@ async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<fencelock::Gua
         Some(at) => builder.wait(at.saturating_duration_since(Instant::now())),
     };
     tokio::select! {
-        r = builder.acquire() => r.map_err(|e| exit::report(&e)),
+        r = builder.acquire() => r.map_err(|e| match (e, wait) {
+            // The wait the user gave, not what the connect left of it.
+            (fencelock::Error::Timeout { key, .. }, Some(waited)) => {
+                exit::report(&fencelock::Error::Timeout { key, waited })
+            }
+            (e, _) => exit::report(&e),
+        }),
         sig = signals.recv() => Err(128 + sig as u8),
     }
 }

@@ -70,6 +70,59 @@ fn run_started_during_an_outage_waits_for_the_server_within_its_wait() {
     assert!(stderr.contains("asking again"), "stderr: {stderr}");
 }
 
+/// The wait covers the connect; when it ends, the message names the wait the
+/// user gave, not what the connect left of it.
+#[test]
+fn a_wait_spent_partly_on_the_connect_is_reported_whole() {
+    let port = free_port();
+    let url = format!("redis://127.0.0.1:{port}");
+    let server = redis(port);
+    let holder = fencelock(&["run", "--backend", &url, "--key", "k", "--", "sleep", "60"])
+        .spawn()
+        .unwrap();
+    let status = fencelock(&["status", "--backend", &url, "k", "--json"]);
+    let held = || {
+        let mut c = Command::new(status.get_program());
+        c.args(status.get_args());
+        c.output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("\"token\""))
+    };
+    let start = Instant::now();
+    while !held() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the holder never held"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The server stalls for a few seconds of the waiter's connect.
+    server.pause().unwrap();
+    let child = fencelock(&[
+        "run",
+        "--backend",
+        &url,
+        "--key",
+        "k",
+        "--wait",
+        "8s",
+        "--",
+        "true",
+    ])
+    .spawn()
+    .unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    server.resume().unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(75), "stderr: {stderr}");
+    assert!(
+        stderr.contains("not acquired within 8s;"),
+        "stderr: {stderr}"
+    );
+    send_signal(holder.id(), Signal::SIGTERM).unwrap();
+    holder.wait_with_output().unwrap();
+}
+
 #[test]
 fn run_waiting_for_a_server_that_is_down_ends_by_its_wait_or_a_signal() {
     let url = format!("redis://127.0.0.1:{}", free_port());
