@@ -147,7 +147,9 @@
 //!   TTL); until then it believes it holds the lock. A holder cut off from
 //!   every Sentinel keeps renewing on the master it has while that master
 //!   takes writes: set `min-replicas-to-write` on the servers so that a
-//!   master cut off from its replicas refuses them;
+//!   master cut off from its replicas refuses them (its `NOREPLICAS` is
+//!   asked again: a waiter waits for the replicas until its wait ends,
+//!   `tests/failover.rs`);
 //! - a waiter is granted once the new master answers: 4.0 s after the
 //!   master's death with `down-after-milliseconds` 1 s, 34.7 s with
 //!   Sentinel's default of 30 s (BENCHMARKS.md).
