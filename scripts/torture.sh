@@ -33,19 +33,19 @@ trap 'rm -rf "$out"' EXIT
 targets=(
     "sqlite|--backend sqlite://$out/torture.db|pause,kill,clock|"
     "redis|--spawn redis|pause,kill,partition,freeze,lost-reply,latency,clock,restart|"
-    "redis (empty restart)|--spawn redis|restart-empty|overlaps: an empty restart loses the grant (README: exclusion holds while Redis keeps its data)"
+    "redis (empty restart)|--spawn redis|restart-empty|overlaps: an empty restart loses the grant (docs/backends/redis.md: exclusion holds while Redis keeps its data)"
     "redis cluster|--backend redis+cluster://127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103|pause,kill,clock|"
     "redlock (5)|--spawn redlock|pause,kill,partition,freeze,lost-reply,latency,clock,restart,restart-empty,minority,majority|"
     "postgres lease|--spawn postgres-lease|pause,kill,partition,freeze,lost-reply,latency,clock,restart|"
-    "postgres advisory|--spawn postgres-advisory|pause,kill,partition,freeze,lost-reply,latency,clock,restart|overlaps: a connection reset frees the lock before its holder learns it (README: tokens still fence it)"
+    "postgres advisory|--spawn postgres-advisory|pause,kill,partition,freeze,lost-reply,latency,clock,restart|overlaps: a connection reset frees the lock before its holder learns it (docs/backends/postgres-advisory.md, mysql-get-lock.md: tokens still fence it)"
     "mysql lease|--spawn mysql-lease|pause,kill,partition,freeze,lost-reply,latency,clock,restart|"
-    "mysql get_lock|--spawn mysql-get-lock|pause,kill,partition,freeze,lost-reply,latency,clock,restart|overlaps: a connection reset frees the lock before its holder learns it (README: tokens still fence it)"
+    "mysql get_lock|--spawn mysql-get-lock|pause,kill,partition,freeze,lost-reply,latency,clock,restart|overlaps: a connection reset frees the lock before its holder learns it (docs/backends/postgres-advisory.md, mysql-get-lock.md: tokens still fence it)"
     "zookeeper (3)|--spawn zookeeper|pause,kill,partition,freeze,lost-reply,latency,clock,restart,leader,minority,majority|"
     "etcd (3)|--spawn etcd|pause,kill,partition,freeze,lost-reply,latency,clock,restart,leader,minority,majority|"
     "memcached|--spawn memcached|pause,kill,partition,freeze,lost-reply,latency,clock|superseded_writes_accepted: memcached gives no fencing tokens"
-    "redis sentinel|--spawn redis-sentinel|failover|overlaps: a failover loses grants the replica had not copied (README: exclusion holds while Redis keeps its data)"
+    "redis sentinel|--spawn redis-sentinel|failover|overlaps: a failover loses grants the replica had not copied (docs/backends/redis.md: exclusion holds while Redis keeps its data)"
     "redis sentinel (wait_replicas=1)|--spawn redis-sentinel-wait|failover|"
-    "redis cluster (replicas)|--spawn redis-cluster|failover|overlaps: a failover loses grants the replica had not copied (README: exclusion holds while Redis keeps its data)"
+    "redis cluster (replicas)|--spawn redis-cluster|failover|overlaps: a failover loses grants the replica had not copied (docs/backends/redis.md: exclusion holds while Redis keeps its data)"
 )
 
 status=0
@@ -87,7 +87,7 @@ rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
 print("# FAULTS — what `fencelock torture` measured\n")
 print("Written by `scripts/torture.sh` (each campaign: 5 client processes, %s s of faults, TTLs drawn per acquire around 2 s;" % sys.argv[2])
 print("seeds in the table; rerun one with `fencelock torture … --faults F --seed S`). How to read it:")
-print("README, *Torture*; the definitions: ARCHITECTURE.md §8. *Explained* names the violations a")
+print("docs/cli.md, *Torture*; the definitions: ARCHITECTURE.md §8. *Explained* names the violations a")
 print("backend's docs say it cannot prevent; every other violation column must be 0.\n")
 print("| backend | faults | seed | grants | lost | faults injected | cancelled | overlaps | token regressions | superseded writes accepted | stale writes rejected | lost on arrival | unavailable | longest recovery ms | longest unavailable ms | explained |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")

@@ -30,7 +30,7 @@
 //! # Interoperating with Curator and kazurator
 //!
 //! What each fencelock mode does beside each Curator recipe on the same path
-//! (the README's matrix; `tests/interop.rs` checks every cell both ways round):
+//! (the matrix of docs/backends/zookeeper.md; `tests/interop.rs` checks every cell both ways round):
 //!
 //! | `writer=` | fencelock | `InterProcessMutex` | RW lock, read | RW lock, write |
 //! |---|---|---|---|---|

@@ -198,7 +198,7 @@ enum Cell {
     OneWay,
 }
 
-/// The matrix the README states: (writer option, fencelock mode, kazurator
+/// The matrix docs/backends/zookeeper.md states: (writer option, fencelock mode, kazurator
 /// recipe) → what holds.
 const MATRIX: [(&str, FlMode, &str, Cell); 18] = [
     ("mutex", FlMode::Exclusive, "mutex", Cell::Excludes),
@@ -284,7 +284,7 @@ async fn check_cell(writer: &str, mode: FlMode, recipe: &str, cell: Cell) {
     kz.release().await;
 }
 
-/// Every cell of the README's interop matrix, against kazurator.
+/// Every cell of the interop matrix of docs/backends/zookeeper.md, against kazurator.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_interop_matrix_holds_cell_by_cell() {
     // A few cells at a time: each starts Python twice.
