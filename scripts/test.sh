@@ -16,6 +16,12 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 echo "== tests"
 cargo test --workspace --all-features
 
+echo "== examples (the embedded default: each runs to its end)"
+for ex in crates/fencelock/examples/*.rs; do
+    name=$(basename "$ex" .rs)
+    cargo run -q -p fencelock --all-features --example "$name" >/dev/null
+done
+
 echo "== shuttle (the in-process line under shuttle's schedulers: docs/SAFETY.md §3)"
 RUSTFLAGS="--cfg shuttle" cargo test -p fencelock-core --lib --release \
     --target-dir target/shuttle shuttle_tests

@@ -33,19 +33,19 @@ trap 'rm -rf "$out"' EXIT
 targets=(
     "sqlite|--backend sqlite://$out/torture.db|pause,kill,clock|"
     "redis|--spawn redis|pause,kill,partition,freeze,lost-reply,latency,clock,restart|"
-    "redis (empty restart)|--spawn redis|restart-empty|overlaps: an empty restart loses the grant (docs/backends/redis.md: exclusion holds while Redis keeps its data)"
+    "redis (empty restart)|--spawn redis|restart-empty|overlaps: an empty restart loses grants (docs/backends/redis.md)"
     "redis cluster|--backend redis+cluster://127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103|pause,kill,clock|"
     "redlock (5)|--spawn redlock|pause,kill,partition,freeze,lost-reply,latency,clock,restart,restart-empty,minority,majority|"
     "postgres lease|--spawn postgres-lease|pause,kill,partition,freeze,lost-reply,latency,clock,restart|"
-    "postgres advisory|--spawn postgres-advisory|pause,kill,partition,freeze,lost-reply,latency,clock,restart|overlaps: a connection reset frees the lock before its holder learns it (docs/backends/postgres-advisory.md, mysql-get-lock.md: tokens still fence it)"
+    "postgres advisory|--spawn postgres-advisory|pause,kill,partition,freeze,lost-reply,latency,clock,restart|overlaps: a reset connection frees the lock early (docs/backends/postgres-advisory.md)"
     "mysql lease|--spawn mysql-lease|pause,kill,partition,freeze,lost-reply,latency,clock,restart|"
-    "mysql get_lock|--spawn mysql-get-lock|pause,kill,partition,freeze,lost-reply,latency,clock,restart|overlaps: a connection reset frees the lock before its holder learns it (docs/backends/postgres-advisory.md, mysql-get-lock.md: tokens still fence it)"
+    "mysql get_lock|--spawn mysql-get-lock|pause,kill,partition,freeze,lost-reply,latency,clock,restart|overlaps: a reset connection frees the lock early (docs/backends/mysql-get-lock.md)"
     "zookeeper (3)|--spawn zookeeper|pause,kill,partition,freeze,lost-reply,latency,clock,restart,leader,minority,majority|"
     "etcd (3)|--spawn etcd|pause,kill,partition,freeze,lost-reply,latency,clock,restart,leader,minority,majority|"
     "memcached|--spawn memcached|pause,kill,partition,freeze,lost-reply,latency,clock|superseded_writes_accepted: memcached gives no fencing tokens"
-    "redis sentinel|--spawn redis-sentinel|failover|overlaps: a failover loses grants the replica had not copied (docs/backends/redis.md: exclusion holds while Redis keeps its data)"
+    "redis sentinel|--spawn redis-sentinel|failover|overlaps: a failover loses grants not yet copied (docs/backends/redis-sentinel.md)"
     "redis sentinel (wait_replicas=1)|--spawn redis-sentinel-wait|failover|"
-    "redis cluster (replicas)|--spawn redis-cluster|failover|overlaps: a failover loses grants the replica had not copied (docs/backends/redis.md: exclusion holds while Redis keeps its data)"
+    "redis cluster (replicas)|--spawn redis-cluster|failover|overlaps: a failover loses grants not yet copied (docs/backends/redis-cluster.md)"
 )
 
 status=0
