@@ -14,7 +14,10 @@ fn main() -> fencelock::Result<()> {
         .lock("orders/42")
         .ttl(Duration::from_secs(30))
         .acquire()?;
-    println!("holding orders/42 with token {:?}", guard.token());
+    println!(
+        "holding orders/42 with token {}",
+        guard.token().expect("sqlite fences")
+    );
 
     // Another thread tries the same key once: it is busy.
     let other = locker.clone();

@@ -24,7 +24,8 @@ async fn main() -> fencelock::Result<()> {
                 .acquire()
                 .await?;
             for (key, token) in both.tokens() {
-                println!("{from} → {to}: holds {key} with token {token:?}");
+                let token = token.expect("sqlite fences");
+                println!("{from} → {to}: holds {key} with token {token}");
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
             both.release().await

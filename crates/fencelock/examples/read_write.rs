@@ -26,12 +26,18 @@ async fn main() -> fencelock::Result<()> {
                 .wait(Duration::from_secs(10))
                 .acquire()
                 .await?;
-            println!("the writer holds it alone (token {:?})", w.token());
+            println!(
+                "the writer holds it alone (token {})",
+                w.token().expect("sqlite fences")
+            );
             w.release().await
         })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!writer.is_finished(), "the writer got in beside the readers");
+    assert!(
+        !writer.is_finished(),
+        "the writer got in beside the readers"
+    );
     println!("the writer waits for the readers");
     r1.release().await?;
     r2.release().await?;

@@ -4,6 +4,10 @@
 //!
 //! `cargo run -p fencelock --example singleton_job`
 
+fn token(guard: &fencelock::Guard) -> String {
+    guard.token().map_or("none".into(), |t| t.to_string())
+}
+
 #[tokio::main]
 async fn main() -> fencelock::Result<()> {
     let dir = tempfile::tempdir().expect("a temporary directory");
@@ -14,7 +18,7 @@ async fn main() -> fencelock::Result<()> {
 
     let job = a.lock("jobs/nightly-report").try_acquire().await?;
     let job = job.expect("nobody runs the job yet");
-    println!("A runs the job (token {:?})", job.token());
+    println!("A runs the job (token {})", token(&job));
 
     // B's tick comes while A still runs it: B skips this run.
     let skipped = b.lock("jobs/nightly-report").try_acquire().await?;
@@ -25,6 +29,6 @@ async fn main() -> fencelock::Result<()> {
     // At the next tick the job is free again.
     let job = b.lock("jobs/nightly-report").try_acquire().await?;
     let job = job.expect("the job is free after A released it");
-    println!("B runs the next one (token {:?})", job.token());
+    println!("B runs the next one (token {})", token(&job));
     job.release().await
 }
